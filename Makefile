@@ -1,0 +1,45 @@
+# gpulse: `make up` brings up the stack and the agent; `make test` runs every test.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.gpulse-installed
+
+.PHONY: help venv test lint format generate bench up down demo e2e gpu-check clean
+
+help:
+	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
+	@echo "make test      install what the tests need (venv, influxd) and run them all"
+	@echo "make demo      fill the stack with a simulated 8-GPU node and training run"
+	@echo "make lint      ruff"
+	@echo "make bench     benchmarks (figures side by side with baselines)"
+	@echo "make generate  regenerate docs/schema.md, dashboards and Flux tasks from the code"
+
+# The virtualenv: torch first, from the CPU build, so that nothing pulls a CUDA build.
+$(STAMP): agent/pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e 'agent[test,train]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	@bash scripts/ensure-influxd.sh
+	$(PY) -m ruff check agent tests scripts conftest.py
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check agent tests scripts conftest.py
+
+format: $(STAMP)
+	$(PY) -m ruff format agent tests scripts
+
+generate: $(STAMP)
+	$(PY) -m gpulse schema > docs/schema.md
+
+gpu-check: $(STAMP)
+	bash scripts/gpu-check.sh
+
+clean:
+	rm -rf $(VENV) agent/src/*.egg-info

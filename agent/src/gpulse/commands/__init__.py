@@ -1,0 +1,1 @@
+"""One module per ``gpulse`` subcommand; each defines ``add_arguments(parser)`` and ``run(args)``."""

@@ -1,0 +1,220 @@
+"""InfluxDB line protocol, written for the hot path.
+
+A :class:`Series` is built once per (measurement, tag set): it holds the escaped
+``measurement,tag=value`` prefix and the escaped field keys with their declared types, so
+encoding a sample is one pass over its fields and one f-string, with no per-point objects.
+
+Rules (InfluxDB 1.x and 2.x agree on them):
+
+* integers are written with ``i``, never ``u`` (1.x rejects ``u``); floats with ``repr``;
+* a value of the wrong Python type is coerced to the field's declared type, so a field's
+  type never changes; values that cannot be coerced are dropped and counted;
+* NaN and ±Inf are dropped and counted; a line with no fields left is not written;
+* newlines and carriage returns become spaces everywhere (line protocol cannot carry them);
+* tag values: ``,``, ``=`` and space are escaped; a backslash directly before one of those or
+  at the end of the value cannot be represented by InfluxDB's parser and becomes ``/``;
+  an empty tag value means the tag is omitted;
+* string field values escape ``"`` and ``\\`` and round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .schema import MEASUREMENTS, Measurement
+
+PRECISIONS = ("ns", "us", "ms", "s")
+_NS_PER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+_KEY_SPECIALS = frozenset(",= ")
+
+
+def _clean_newlines(s: str) -> str:
+    if "\n" in s or "\r" in s:
+        s = s.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    return s
+
+
+def escape_key(s: str) -> str:
+    """Escape a tag key, tag value or field key (see the module docstring for backslashes)."""
+    s = _clean_newlines(s)
+    if "\\" in s:
+        chars = list(s)
+        for i, c in enumerate(chars):
+            if c == "\\" and (i + 1 == len(chars) or chars[i + 1] in _KEY_SPECIALS or chars[i + 1] == '"'):
+                chars[i] = "/"
+        s = "".join(chars)
+    return s.replace(",", r"\,").replace("=", r"\=").replace(" ", r"\ ")
+
+
+def escape_measurement(s: str) -> str:
+    s = _clean_newlines(s)
+    if "\\" in s:
+        chars = list(s)
+        for i, c in enumerate(chars):
+            if c == "\\" and (i + 1 == len(chars) or chars[i + 1] in ", "):
+                chars[i] = "/"
+        s = "".join(chars)
+    return s.replace(",", r"\,").replace(" ", r"\ ")
+
+
+def escape_string(s: str) -> str:
+    """Escape a string field value (without the surrounding quotes)."""
+    return _clean_newlines(s).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def normalize_tag_value(s: str) -> str:
+    """The value InfluxDB will store for tag value ``s`` once escaped by :func:`escape_key`."""
+    s = _clean_newlines(s)
+    chars = list(s)
+    for i, c in enumerate(chars):
+        if c == "\\" and (i + 1 == len(chars) or chars[i + 1] in _KEY_SPECIALS or chars[i + 1] == '"'):
+            chars[i] = "/"
+    return "".join(chars)
+
+
+class Series:
+    """A precomputed measurement + tag set; reuse it for every point of that series."""
+
+    __slots__ = ("measurement", "prefix", "schema", "specs")
+
+    def __init__(self, schema: Measurement | None, measurement: str, tags: Mapping[str, str]) -> None:
+        self.schema = schema
+        self.measurement = measurement
+        parts = [escape_measurement(measurement)]
+        for k in sorted(tags):
+            v = tags[k]
+            if v is None:
+                continue
+            v = str(v)
+            if v == "":
+                continue
+            parts.append(f"{escape_key(k)}={escape_key(v)}")
+        self.prefix = ",".join(parts)
+        # field name -> (escaped key, type code); open fields are added on first use
+        self.specs: dict[str, tuple[str, str]] = {}
+        if schema is not None:
+            for f in schema.fields:
+                self.specs[f.name] = (escape_key(f.name), f.type[0])  # 'f', 'i', 'b', 's'
+
+
+class Encoder:
+    """Encodes points to line protocol and counts what it had to drop."""
+
+    def __init__(self, precision: str = "ns", strict: bool = True) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        self.precision = precision
+        self._div = _NS_PER[precision]
+        #: with ``strict``, fields not declared in the schema are dropped and counted
+        self.strict = strict
+        self.nonfinite_dropped = 0
+        self.unknown_fields_dropped = 0
+        self.bad_values_dropped = 0
+        self.empty_points = 0
+        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+
+    # -- series ---------------------------------------------------------------------------------
+    def series(self, measurement: str, tags: Mapping[str, str]) -> Series:
+        """The (cached) series for a measurement and tag set."""
+        key = (measurement, tuple(sorted((k, str(v)) for k, v in tags.items() if v is not None)))
+        s = self._series.get(key)
+        if s is None:
+            if len(self._series) > 100_000:  # bounded: a runaway tag value must not grow memory forever
+                self._series.clear()
+            s = self._series[key] = Series(MEASUREMENTS.get(measurement), measurement, tags)
+        return s
+
+    # -- lines ----------------------------------------------------------------------------------
+    def line(self, series: Series, fields: Mapping[str, Any], ts_ns: int) -> str | None:
+        """One line (with trailing newline) for ``fields`` at ``ts_ns``, or ``None`` if no field survived."""
+        specs = series.specs
+        parts: list[str] = []
+        append = parts.append
+        for name, value in fields.items():
+            if value is None:
+                continue
+            spec = specs.get(name)
+            if spec is None:
+                spec = self._new_spec(series, name, value)
+                if spec is None:
+                    continue
+            key, t = spec
+            try:
+                if t == "f":
+                    v = float(value)
+                    if math.isfinite(v):
+                        append(f"{key}={v!r}")
+                    else:
+                        self.nonfinite_dropped += 1
+                elif t == "i":
+                    if type(value) is not int:
+                        fv = float(value)
+                        if not math.isfinite(fv):
+                            self.nonfinite_dropped += 1
+                            continue
+                        value = int(fv)
+                    if _INT_MIN <= value <= _INT_MAX:
+                        append(f"{key}={value}i")
+                    else:
+                        self.bad_values_dropped += 1
+                elif t == "s":
+                    append(f'{key}="{escape_string(str(value))}"')
+                else:  # bool
+                    append(f"{key}={'true' if value else 'false'}")
+            except (TypeError, ValueError, OverflowError):
+                self.bad_values_dropped += 1
+        if not parts:
+            self.empty_points += 1
+            return None
+        return f"{series.prefix} {','.join(parts)} {ts_ns // self._div}\n"
+
+    def _new_spec(self, series: Series, name: str, value: Any) -> tuple[str, str] | None:
+        schema = series.schema
+        if schema is not None:
+            t = schema.field_type(name)
+        elif not self.strict:
+            t = _python_type(value)
+        else:
+            t = None
+        if t is None:
+            self.unknown_fields_dropped += 1
+            return None
+        spec = (escape_key(name), t[0])
+        if len(series.specs) < 1024:
+            series.specs[name] = spec
+        return spec
+
+    def encode(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts_ns: int) -> str | None:
+        """Convenience for cold paths: one point, no series reuse by the caller."""
+        return self.line(self.series(measurement, tags), fields, ts_ns)
+
+    def encode_many(self, points: Iterable[tuple[str, Mapping[str, str], Mapping[str, Any], int]]) -> list[str]:
+        out = []
+        for m, tags, fields, ts in points:
+            line = self.encode(m, tags, fields, ts)
+            if line is not None:
+                out.append(line)
+        return out
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "values_dropped_nonfinite": self.nonfinite_dropped,
+            "fields_dropped_unknown": self.unknown_fields_dropped,
+            "values_dropped_bad": self.bad_values_dropped,
+            "points_empty": self.empty_points,
+        }
+
+
+def _python_type(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    return None

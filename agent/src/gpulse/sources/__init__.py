@@ -1,0 +1,1 @@
+"""Where points come from: NVML, simulated GPUs, training records."""

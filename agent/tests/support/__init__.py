@@ -1,0 +1,1 @@
+"""Test support shared by the agent's tests and the stack tests in ../tests."""

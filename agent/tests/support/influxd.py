@@ -1,0 +1,143 @@
+"""A real InfluxDB 1.x server (Debian's ``influxd``) on a free loopback port in a temp dir.
+
+Tests talk to it over HTTP exactly as users' agents do. ``stop()``/``start()`` keep the data
+directory, so a test can take the database away mid-run and bring it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def influxd_path() -> str | None:
+    return shutil.which("influxd") or (os.path.exists("/usr/bin/influxd") and "/usr/bin/influxd") or None
+
+
+class InfluxDB1:
+    def __init__(self, root: Path, *, auth: bool = False, max_body_size: int = 25_000_000) -> None:
+        self.root = Path(root)
+        self.port = free_port()
+        self.rpc_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.auth = auth
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.root / "influxd.log"
+        self.config = self.root / "influxdb.conf"
+        (self.root / "meta").mkdir(parents=True, exist_ok=True)
+        self.config.write_text(
+            f"""reporting-enabled = false
+bind-address = "127.0.0.1:{self.rpc_port}"
+[meta]
+  dir = "{self.root}/meta"
+  logging-enabled = false
+[data]
+  dir = "{self.root}/data"
+  wal-dir = "{self.root}/wal"
+  query-log-enabled = false
+  wal-fsync-delay = "0s"
+[monitor]
+  store-enabled = false
+[continuous_queries]
+  enabled = true
+  log-enabled = false
+  run-interval = "1s"
+[http]
+  bind-address = "127.0.0.1:{self.port}"
+  auth-enabled = {"true" if auth else "false"}
+  log-enabled = false
+  max-body-size = {max_body_size}
+[retention]
+  enabled = false
+[subscriber]
+  enabled = false
+"""
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> InfluxDB1:
+        exe = influxd_path()
+        if exe is None:
+            raise RuntimeError("influxd not found: apt-get install -y influxdb (the CI script does)")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([exe, "-config", str(self.config)], stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"influxd exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/ping", timeout=1) as r:
+                    if r.status == 204:
+                        return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.1)
+        raise RuntimeError("influxd did not answer /ping in time")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    # -- HTTP -----------------------------------------------------------------------------------
+    def query(self, q: str, db: str | None = None, epoch: str = "ns", user: tuple[str, str] | None = None) -> dict[str, Any]:
+        params = {"q": q, "epoch": epoch}
+        if db:
+            params["db"] = db
+        if user:
+            params["u"], params["p"] = user
+        data = urllib.parse.urlencode(params).encode()
+        req = urllib.request.Request(f"{self.url}/query", data=data, method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            body = json.loads(r.read())
+        for res in body.get("results", []):
+            if "error" in res:
+                raise RuntimeError(f"query failed: {res['error']}: {q}")
+        return body
+
+    def rows(self, q: str, db: str = "gpulse", **kw: Any) -> list[dict[str, Any]]:
+        """Every row of every series the query returns, as dicts (tags merged in)."""
+        out = []
+        for res in self.query(q, db=db, **kw).get("results", []):
+            for s in res.get("series", []) or []:
+                tags = s.get("tags", {})
+                for values in s["values"]:
+                    row = dict(zip(s["columns"], values, strict=True))
+                    row.update(tags)
+                    row.setdefault("_measurement", s.get("name"))
+                    out.append(row)
+        return out
+
+    def count(self, measurement: str, field: str, db: str = "gpulse", where: str = "") -> int:
+        w = f" WHERE {where}" if where else ""
+        rows = self.rows(f'SELECT count("{field}") FROM "{measurement}"{w}', db=db)
+        return int(rows[0]["count"]) if rows else 0
+
+    def write(self, lines: str | bytes, db: str = "gpulse", precision: str = "n") -> None:
+        body = lines.encode() if isinstance(lines, str) else lines
+        req = urllib.request.Request(f"{self.url}/write?db={db}&precision={precision}", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 204
+
+    def create_database(self, db: str = "gpulse") -> None:
+        self.query(f'CREATE DATABASE "{db}"')
