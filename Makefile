@@ -9,7 +9,8 @@ STAMP := $(VENV)/.gpulse-installed
 help:
 	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
 	@echo "make test      install what the tests need (venv, influxd) and run them all"
-	@echo "make demo      fill the stack with a simulated 8-GPU node and training run"
+	@echo "make demo      fill the stack with a simulated 8-GPU node and training run (no Docker: a local demo)"
+	@echo "make down      stop the stack (data stays in the Docker volumes)"
 	@echo "make lint      ruff"
 	@echo "make bench     benchmarks (figures side by side with baselines)"
 	@echo "make generate  regenerate docs/schema.md, dashboards and Flux tasks from the code"
@@ -17,29 +18,49 @@ help:
 # The virtualenv: torch first, from the CPU build, so that nothing pulls a CUDA build.
 $(STAMP): agent/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e 'agent[test,train]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
+# make up / make demo: the agent alone is installed into $(VENV) when missing (see scripts/up.sh).
+up:
+	@VENV=$(VENV) bash scripts/up.sh
+
+demo:
+	@VENV=$(VENV) bash scripts/up.sh demo
+
+down:
+	docker compose down
+
 test: $(STAMP)
 	@bash scripts/ensure-influxd.sh
-	$(PY) -m ruff check agent tests scripts conftest.py
+	$(PY) -m ruff check .
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(PY) -m ruff check agent tests scripts conftest.py
+	$(PY) -m ruff check .
 
 format: $(STAMP)
-	$(PY) -m ruff format agent tests scripts
+	$(PY) -m ruff format .
 
 generate: $(STAMP)
 	$(PY) -m gpulse schema > docs/schema.md
+	$(PY) -m gpulse.configdoc > docs/configuration.md
+	$(PY) -m gpulse.downsample --write influxdb
+	$(PY) -m gpulse.dashboards .
+
+bench: $(STAMP)
+	@bash scripts/ensure-influxd.sh
+	cd bench && ../$(PY) run.py
 
 gpu-check: $(STAMP)
 	bash scripts/gpu-check.sh
 
 clean:
 	rm -rf $(VENV) agent/src/*.egg-info
+
+# The whole stack in Docker (skips with a message where no Docker engine runs, e.g. CI).
+e2e: $(STAMP)
+	bash scripts/e2e.sh

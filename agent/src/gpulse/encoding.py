@@ -11,15 +11,19 @@ Rules (InfluxDB 1.x and 2.x agree on them):
   type never changes; values that cannot be coerced are dropped and counted;
 * NaN and ±Inf are dropped and counted; a line with no fields left is not written;
 * newlines and carriage returns become spaces everywhere (line protocol cannot carry them);
+* lone surrogates (possible in Python ``str``, impossible in UTF-8) become U+FFFD;
 * tag values: ``,``, ``=`` and space are escaped; a backslash directly before one of those or
   at the end of the value cannot be represented by InfluxDB's parser and becomes ``/``;
   an empty tag value means the tag is omitted;
 * string field values escape ``"`` and ``\\`` and round-trip exactly.
+
+``tests/test_encoding_roundtrip.py`` checks these rules against a real InfluxDB (hypothesis).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,50 +33,64 @@ PRECISIONS = ("ns", "us", "ms", "s")
 _NS_PER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _KEY_SPECIALS = frozenset(",= ")
+_MEASUREMENT_SPECIALS = frozenset(", ")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _clean_newlines(s: str) -> str:
+def _clean(s: str) -> str:
+    """Strip what line protocol cannot carry: newlines (become spaces) and lone surrogates (U+FFFD)."""
     if "\n" in s or "\r" in s:
         s = s.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            s = _SURROGATE.sub("\ufffd", s)
     return s
+
+
+def _fix_backslashes(s: str, specials: frozenset[str]) -> str:
+    """Replace each backslash InfluxDB's parser would read as an escape (or a dangling one) by ``/``."""
+    if "\\" not in s:
+        return s
+    chars = list(s)
+    last = len(chars) - 1
+    for i, c in enumerate(chars):
+        if c == "\\" and (i == last or chars[i + 1] in specials):
+            chars[i] = "/"
+    return "".join(chars)
 
 
 def escape_key(s: str) -> str:
     """Escape a tag key, tag value or field key (see the module docstring for backslashes)."""
-    s = _clean_newlines(s)
-    if "\\" in s:
-        chars = list(s)
-        for i, c in enumerate(chars):
-            if c == "\\" and (i + 1 == len(chars) or chars[i + 1] in _KEY_SPECIALS or chars[i + 1] == '"'):
-                chars[i] = "/"
-        s = "".join(chars)
+    s = _fix_backslashes(_clean(s), _KEY_SPECIALS)
     return s.replace(",", r"\,").replace("=", r"\=").replace(" ", r"\ ")
 
 
 def escape_measurement(s: str) -> str:
-    s = _clean_newlines(s)
-    if "\\" in s:
-        chars = list(s)
-        for i, c in enumerate(chars):
-            if c == "\\" and (i + 1 == len(chars) or chars[i + 1] in ", "):
-                chars[i] = "/"
-        s = "".join(chars)
+    """Escape a measurement name: ``,`` and space (``=`` is literal there)."""
+    s = _fix_backslashes(_clean(s), _MEASUREMENT_SPECIALS)
     return s.replace(",", r"\,").replace(" ", r"\ ")
 
 
 def escape_string(s: str) -> str:
     """Escape a string field value (without the surrounding quotes)."""
-    return _clean_newlines(s).replace("\\", "\\\\").replace('"', '\\"')
+    return _clean(s).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def normalize_tag_value(s: str) -> str:
-    """The value InfluxDB will store for tag value ``s`` once escaped by :func:`escape_key`."""
-    s = _clean_newlines(s)
-    chars = list(s)
-    for i, c in enumerate(chars):
-        if c == "\\" and (i + 1 == len(chars) or chars[i + 1] in _KEY_SPECIALS or chars[i + 1] == '"'):
-            chars[i] = "/"
-    return "".join(chars)
+    """The value InfluxDB stores for tag value (or tag key, or field key) ``s`` once escaped by :func:`escape_key`."""
+    return _fix_backslashes(_clean(s), _KEY_SPECIALS)
+
+
+def normalize_measurement(s: str) -> str:
+    """The name InfluxDB stores for measurement ``s`` once escaped by :func:`escape_measurement`."""
+    return _fix_backslashes(_clean(s), _MEASUREMENT_SPECIALS)
+
+
+def normalize_string(s: str) -> str:
+    """The value InfluxDB stores for string field value ``s`` (only newlines and lone surrogates change)."""
+    return _clean(s)
 
 
 class Series:

@@ -6,6 +6,7 @@ directory, so a test can take the database away mid-run and bring it back.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -104,10 +105,10 @@ bind-address = "127.0.0.1:{self.rpc_port}"
         params = {"q": q, "epoch": epoch}
         if db:
             params["db"] = db
-        if user:
-            params["u"], params["p"] = user
         data = urllib.parse.urlencode(params).encode()
         req = urllib.request.Request(f"{self.url}/query", data=data, method="POST")
+        if user:  # influxd 1.6 reads u/p from the URL or Basic auth, not from a POST body
+            req.add_header("Authorization", "Basic " + base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode())
         with urllib.request.urlopen(req, timeout=30) as r:
             body = json.loads(r.read())
         for res in body.get("results", []):

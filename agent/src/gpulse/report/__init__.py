@@ -1,0 +1,1 @@
+"""Run reports: metrics (``model``), findings (``diagnose``), HTML (``html``) and loading (``load``)."""

@@ -1,0 +1,370 @@
+"""A run's numbers: ``build_report(steps, gpu, runs, events)`` -> the ``metrics_report.json`` dict.
+
+Stdlib only: ``Run.finish()`` in the training library calls it inside the training process, and
+``gpulse report`` calls it with the same rows loaded from InfluxDB or a recording file, so both
+give the same report.
+
+Every input is a list of *rows*: flat dicts with ``time`` (Unix ns), the point's tags and its
+fields, as InfluxQL's ``SELECT *`` returns them (absent fields may be ``None``):
+
+* ``steps``  — ``train_step`` rows of one run, every rank;
+* ``gpu``    — ``gpu`` rows of the run's GPUs over the run's time window (may be empty);
+* ``runs``   — ``train_run`` rows (``event`` = start / end);
+* ``events`` — ``train_event`` rows.
+
+Conventions: a step's ``step_time_s`` is the step itself; ``data_wait_s`` is the time before it spent
+waiting for the batch. So the data-loading ratio is Σ data wait / Σ (data wait + step time), and
+the communication ratio is Σ comm / Σ step time. Memory in GiB (2^30 bytes); energy from the
+GPU energy counter (or, without it, from power × time).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..schema import CLOCK_EVENT_FLAGS, THROTTLE_MASK
+from .diagnose import diagnose, resolve_thresholds
+
+Row = Mapping[str, Any]
+GIB = float(2**30)
+REPORT_VERSION = 1
+#: Standard phases, in the order the HTML stacks them (custom ``phase_<name>_s`` follow).
+PHASES = ("data_wait", "forward", "backward", "optimizer", "comm")
+_THROTTLE_REASONS = tuple(name for bit, name, _ in CLOCK_EVENT_FLAGS if bit & THROTTLE_MASK)
+
+
+def num(row: Row, key: str) -> float | None:
+    """A finite numeric field of ``row``, or ``None`` (absent, null, bool, string or NaN)."""
+    v = row.get(key)
+    if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def values(rows: Iterable[Row], key: str) -> list[float]:
+    return [v for v in (num(r, key) for r in rows) if v is not None]
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _max(xs: Sequence[float]) -> float | None:
+    return max(xs) if xs else None
+
+
+def _round(v: float | None, digits: int = 6) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def _quantile(xs: Sequence[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def step_end_ns(row: Row) -> int:
+    return int(num(row, "end_time_ns") or row.get("time") or 0)
+
+
+def step_start_ns(row: Row) -> int:
+    """When the step began, including the wait for its batch."""
+    start = num(row, "start_time_ns")
+    if start is None:
+        start = step_end_ns(row) - (num(row, "step_time_s") or 0.0) * 1e9
+    return int(start - (num(row, "data_wait_s") or 0.0) * 1e9)
+
+
+def gpu_key(row: Row) -> str:
+    """One GPU's identity across rows: its uuid, else host + index."""
+    return str(row.get("uuid") or f"{row.get('host', '?')}:{row.get('gpu', '?')}")
+
+
+def group_by(rows: Iterable[Row], key) -> dict[Any, list[Row]]:
+    out: dict[Any, list[Row]] = defaultdict(list)
+    for r in rows:
+        out[key(r)].append(r)
+    return dict(out)
+
+
+def rank_key(row: Row) -> int:
+    try:
+        return int(row.get("rank") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+# -- pieces -----------------------------------------------------------------------------------------
+def _run_info(steps: Sequence[Row], runs: Sequence[Row]) -> dict[str, Any]:
+    all_rows = [*runs, *steps]
+    run_ids = sorted({str(r["run"]) for r in all_rows if r.get("run")})
+    starts = [r for r in runs if r.get("event") == "start"]
+    ends = [r for r in runs if r.get("event") == "end"]
+    statuses = [str(r["status"]) for r in sorted(ends, key=lambda r: r.get("time") or 0) if r.get("status")]
+    status = "running"
+    if statuses:
+        status = next((s for s in ("failed", "interrupted") if s in statuses), statuses[-1])
+    world = [int(v) for v in (num(r, "world_size") or _int_tag(r, "world_size") for r in all_rows) if v]
+    gpus = sorted({u for r in runs for u in str(r.get("gpus") or "").split(",") if u})
+    first = lambda key: next((r[key] for r in sorted(runs, key=lambda r: r.get("time") or 0) if r.get(key)), None)  # noqa: E731
+    return {
+        "id": run_ids[0] if len(run_ids) == 1 else run_ids,
+        "name": first("name"),
+        "status": status,
+        "world_size": max(world) if world else len({rank_key(r) for r in steps}) or None,
+        "ranks": sorted({rank_key(r) for r in all_rows if r.get("rank") is not None}),
+        "hosts": sorted({str(r["host"]) for r in all_rows if r.get("host")}),
+        "gpus": gpus,
+        "mfu_formula": first("mfu_formula"),
+        "peak_flops": first("peak_flops"),
+        "flops_per_token": first("flops_per_token"),
+        "config": first("config"),
+        "_start_ns": min((int(r["time"]) for r in starts if r.get("time") is not None), default=None),
+        "_end_ns": max((int(r["time"]) for r in ends if r.get("time") is not None), default=None),
+        "_duration_s": _max(values(ends, "duration_s")),
+    }
+
+
+def _int_tag(row: Row, key: str) -> int | None:
+    try:
+        return int(row[key]) if row.get(key) not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _runtime(info: dict[str, Any], steps: Sequence[Row]) -> tuple[float | None, int | None, int | None]:
+    """(runtime s, window start ns, window end ns): the run's own duration when it ended, else the steps' span."""
+    start = info["_start_ns"]
+    end = info["_end_ns"]
+    if steps:
+        s0 = min(step_start_ns(r) for r in steps)
+        s1 = max(step_end_ns(r) for r in steps)
+        start = s0 if start is None else min(start, s0)
+        end = s1 if end is None else max(end, s1)
+    runtime = info["_duration_s"]
+    if runtime is None and start is not None and end is not None and end > start:
+        runtime = (end - start) / 1e9
+    return runtime, start, end
+
+
+def _phases(steps: Sequence[Row]) -> dict[str, float]:
+    """Mean seconds per step of every phase that appears (data wait, forward, ..., custom ones)."""
+    n = len(steps) or 1
+    out: dict[str, float] = {}
+    for p in PHASES:
+        xs = values(steps, f"{p}_s")
+        if xs:
+            out[p] = sum(xs) / n
+    custom = sorted(
+        {k for r in steps for k in r if k.startswith("phase_") and k.endswith("_s") and not k.endswith("_gpu_s")}
+    )
+    for k in custom:
+        xs = values(steps, k)
+        if xs:
+            out[k[len("phase_") : -2]] = sum(xs) / n
+    step_mean = sum(values(steps, "step_time_s")) / n
+    inside = sum(v for k, v in out.items() if k not in ("data_wait", "comm"))
+    out["other"] = max(0.0, step_mean - inside - out.get("comm", 0.0))
+    return {k: round(v, 6) for k, v in out.items()}
+
+
+def _per_rank(steps: Sequence[Row], runs: Sequence[Row], runtime: float | None) -> list[dict[str, Any]]:
+    gpus_by_rank: dict[int, list[str]] = {}
+    for r in runs:
+        if r.get("gpus"):
+            gpus_by_rank[rank_key(r)] = [u for u in str(r["gpus"]).split(",") if u]
+    out = []
+    for rank, rows in sorted(group_by(steps, rank_key).items()):
+        st = values(rows, "step_time_s")
+        comm = values(rows, "comm_s")
+        compute = [
+            t - (num(r, "comm_s") or 0.0)
+            for r, t in zip(rows, (num(r, "step_time_s") for r in rows), strict=True)
+            if t is not None
+        ]
+        wait = sum(values(rows, "data_wait_s"))
+        samples = sum(values(rows, "samples"))
+        out.append(
+            {
+                "rank": rank,
+                "host": rows[0].get("host"),
+                "gpus": gpus_by_rank.get(rank, []),
+                "steps": len({num(r, "step") for r in rows}),
+                "mean_step_time_s": _round(_mean(st)),
+                "median_step_time_s": _round(statistics.median(st)) if st else None,
+                "median_compute_time_s": _round(statistics.median(compute)) if compute else None,
+                "data_loading_time_ratio": _round(_ratio(wait, wait + sum(st))),
+                "communication_time_ratio": _round(_ratio(sum(comm), sum(st))) if comm else None,
+                "samples_per_second": _round(samples / runtime) if runtime else None,
+                "peak_memory_allocated_gb": _round(
+                    (_max(values(rows, "mem_peak_bytes") or values(rows, "mem_allocated_bytes")) or 0) / GIB
+                )
+                if values(rows, "mem_peak_bytes") or values(rows, "mem_allocated_bytes")
+                else None,
+                "alloc_retries": int(_max(values(rows, "alloc_retries")) or 0),
+            }
+        )
+    medians = [r["median_compute_time_s"] for r in out if r["median_compute_time_s"]]
+    ref = statistics.median_low(medians) if medians else None
+    for r in out:
+        r["slowdown_vs_median"] = (
+            _round(r["median_compute_time_s"] / ref, 3) if ref and r["median_compute_time_s"] else None
+        )
+    return out
+
+
+def _energy_j(rows: Sequence[Row]) -> float | None:
+    """Energy used over ``rows`` (one GPU, time-sorted): Σ positive energy-counter deltas, else ∫ power dt."""
+    counter = [(r["time"], v) for r in rows if (v := num(r, "energy_mj")) is not None]
+    if len(counter) >= 2:
+        return sum(max(0.0, b - a) for (_, a), (_, b) in itertools.pairwise(counter)) / 1000.0
+    power = [(int(r["time"]), v) for r in rows if (v := num(r, "power_w")) is not None and r.get("time") is not None]
+    if len(power) >= 2:
+        gaps = [b[0] - a[0] for a, b in itertools.pairwise(power)]
+        cap = 3 * statistics.median(gaps)  # a sampling gap (agent down) is not filled in
+        return sum(p * min(g, cap) / 1e9 for (_, p), g in zip(power, gaps, strict=False))
+    return None
+
+
+def _per_gpu(gpu: Sequence[Row]) -> list[dict[str, Any]]:
+    out = []
+    for key, rows in sorted(group_by(gpu, gpu_key).items()):
+        rows = sorted(rows, key=lambda r: r.get("time") or 0)
+        util = values(rows, "util_gpu_pct")
+        used = values(rows, "mem_used_bytes")
+        total = _max(values(rows, "mem_total_bytes"))
+        used_pct = [
+            100.0 * num(r, "mem_used_bytes") / num(r, "mem_total_bytes")
+            for r in rows
+            if num(r, "mem_used_bytes") is not None and num(r, "mem_total_bytes")
+        ]
+        throttled = values(rows, "throttled")
+        times = [int(r["time"]) for r in rows if r.get("time") is not None]
+        window = (times[-1] - times[0]) / 1e9 if len(times) >= 2 else None
+        energy = _energy_j(rows)
+        reasons = {name: _round(_mean(values(rows, name)), 4) for name in _THROTTLE_REASONS if values(rows, name)}
+        out.append(
+            {
+                "key": key,
+                "host": rows[0].get("host"),
+                "gpu": rows[0].get("gpu"),
+                "uuid": rows[0].get("uuid"),
+                "model": rows[0].get("model"),
+                "samples": len(rows),
+                "avg_utilization_percent": _round(_mean(util), 2),
+                "max_utilization_percent": _round(_max(util), 2),
+                "avg_sm_active_percent": _round(_mean(values(rows, "sm_active_pct")), 2),
+                "avg_tensor_active_percent": _round(_mean(values(rows, "tensor_active_pct")), 2),
+                "peak_memory_used_gb": _round(_max(used) / GIB, 4) if used else None,
+                "memory_total_gb": _round(total / GIB, 4) if total else None,
+                "avg_memory_used_percent": _round(_mean(used_pct), 2),
+                "avg_power_w": _round(_mean(values(rows, "power_w")), 2),
+                "energy_j": _round(energy, 3),
+                "throttle_time_ratio": _round(_mean(throttled), 4),
+                "throttle_time_s": _round(_mean(throttled) * window, 3) if throttled and window else None,
+                "throttle_reasons": {k: v for k, v in reasons.items() if v},
+                "avg_sm_clock_mhz": _round(_mean(values(rows, "clock_sm_mhz")), 1),
+            }
+        )
+    return out
+
+
+# -- the report -------------------------------------------------------------------------------------
+def build_report(
+    steps: Sequence[Row],
+    gpu: Sequence[Row],
+    runs: Sequence[Row],
+    events: Sequence[Row],
+    thresholds: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """The run report with its diagnosis; ``thresholds`` overrides diagnosis thresholds by name."""
+    limits = resolve_thresholds(thresholds)
+    steps = sorted(steps, key=lambda r: (step_end_ns(r), rank_key(r)))
+    info = _run_info(steps, runs)
+    runtime, t0, t1 = _runtime(info, steps)
+    step_count = max((len({num(r, "step") for r in rows}) for rows in group_by(steps, rank_key).values()), default=0)
+    # a run's end point counts every step it sent, also when the caller kept only every n-th step
+    step_count = max(step_count, int(_max(values([r for r in runs if r.get("event") == "end"], "steps")) or 0))
+    samples = sum(values(steps, "samples"))
+    tokens = sum(values(steps, "tokens"))
+    step_times = values(steps, "step_time_s")
+    wait = sum(values(steps, "data_wait_s"))
+    comm = values(steps, "comm_s")
+    weighted = [(m, t) for r in steps if (m := num(r, "mfu")) is not None and (t := num(r, "step_time_s"))]
+    tfl = [(m, t) for r in steps if (m := num(r, "tflops")) is not None and (t := num(r, "step_time_s"))]
+    peak_alloc = _max(values(steps, "mem_peak_bytes") or values(steps, "mem_allocated_bytes"))
+    peak_reserved = _max(values(steps, "mem_reserved_bytes"))
+    per_gpu = _per_gpu(gpu)
+    util = values(gpu, "util_gpu_pct")
+    energy = [g["energy_j"] for g in per_gpu if g["energy_j"] is not None]
+    total_j = sum(energy) if energy else None
+    mem_used_pct = [g["avg_memory_used_percent"] for g in per_gpu if g["avg_memory_used_percent"] is not None]
+    capacity = [g["memory_total_gb"] for g in per_gpu if g["memory_total_gb"]]
+    throttle = [g for g in per_gpu if g["throttle_time_ratio"] is not None]
+    report: dict[str, Any] = {
+        "gpulse_report_version": REPORT_VERSION,
+        "run": {k: v for k, v in info.items() if not k.startswith("_")},
+        "start_time_ns": t0,
+        "end_time_ns": t1,
+        "train_runtime": _round(runtime, 3),
+        "train_steps": step_count,
+        "train_samples": int(samples),
+        "train_tokens": int(tokens),
+        "train_samples_per_second": _round(samples / runtime, 3) if runtime and samples else None,
+        "train_steps_per_second": _round(step_count / runtime, 4) if runtime and step_count else None,
+        "train_tokens_per_second": _round(tokens / runtime, 3) if runtime and tokens else None,
+        "step_time_s": {
+            "mean": _round(_mean(step_times)),
+            "median": _round(statistics.median(step_times)) if step_times else None,
+            "p90": _round(_quantile(step_times, 0.9)),
+            "max": _round(_max(step_times)),
+        },
+        "phases_s": _phases(steps) if steps else {},
+        "data_loading_time_ratio": _round(_ratio(wait, wait + sum(step_times)), 4) if step_times else None,
+        "communication_time_ratio": _round(_ratio(sum(comm), sum(step_times)), 4) if comm else None,
+        "tflops_per_gpu": _round(sum(m * t for m, t in tfl) / sum(t for _, t in tfl), 3) if tfl else None,
+        "mfu": _round(sum(m * t for m, t in weighted) / sum(t for _, t in weighted), 4) if weighted else None,
+        "gpu_peak_memory_allocated_gb": _round(peak_alloc / GIB, 4) if peak_alloc is not None else None,
+        "gpu_peak_memory_reserved_gb": _round(peak_reserved / GIB, 4) if peak_reserved is not None else None,
+        "gpu_memory_capacity_gb": _round(min(capacity), 4) if capacity else None,
+        "alloc_retries": int(sum(r["alloc_retries"] for r in _per_rank(steps, runs, runtime)))
+        if values(steps, "alloc_retries")
+        else None,
+        "gpu_avg_utilization_percent": _round(_mean(util), 2),
+        "gpu_max_utilization_percent": _round(_max(util), 2),
+        "gpu_avg_sm_active_percent": _round(_mean(values(gpu, "sm_active_pct")), 2),
+        "gpu_avg_tensor_active_percent": _round(_mean(values(gpu, "tensor_active_pct")), 2),
+        "gpu_avg_memory_used_percent": _round(_mean(mem_used_pct), 2),
+        "gpu_avg_power_w": _round(_mean(values(gpu, "power_w")), 2),
+        "energy_kwh": _round(total_j / 3.6e6, 9) if total_j is not None else None,
+        "energy_j_per_step": _round(total_j / step_count, 3) if total_j is not None and step_count else None,
+        "throttle_time_ratio": _round(max(g["throttle_time_ratio"] for g in throttle), 4) if throttle else None,
+        "throttle_time_s": _round(max((g["throttle_time_s"] or 0.0) for g in throttle), 3) if throttle else None,
+        "per_gpu": per_gpu,
+        "per_rank": _per_rank(steps, runs, runtime),
+        "events": [
+            {
+                "time_ns": r.get("time"),
+                "kind": r.get("kind"),
+                "text": r.get("text"),
+                "step": r.get("step"),
+                "rank": r.get("rank"),
+            }
+            for r in sorted(events, key=lambda r: r.get("time") or 0)
+        ],
+        "sources": {"train_step": len(steps), "gpu": len(gpu), "train_run": len(runs), "train_event": len(events)},
+        "thresholds": limits,
+    }
+    report["diagnosis"], report["not_evaluated"] = diagnose(report, limits)
+    return report

@@ -1,0 +1,39 @@
+"""Sinks from the shared connection settings and ``--record``."""
+
+from __future__ import annotations
+
+from ..connection import ConfigError, Connection
+from .base import Sink
+from .record import RecordSink
+
+
+def build_sinks(conn: Connection | None, record_path: str | None) -> list[Sink]:
+    """The database sink for ``conn`` (none when ``conn`` or its URL is ``None``) plus the record file."""
+    sinks: list[Sink] = []
+    if conn is not None and conn.url:
+        if conn.api == "v1":
+            from .influx_v1 import InfluxV1Sink
+
+            sinks.append(
+                InfluxV1Sink(
+                    conn.url,
+                    conn.database,
+                    conn.retention_policy,
+                    conn.v1_credentials,
+                    timeout_s=conn.timeout_s,
+                    verify_ssl=conn.verify_ssl,
+                )
+            )
+        else:
+            from .influx_v2 import InfluxV2Sink
+
+            sinks.append(
+                InfluxV2Sink(
+                    conn.url, conn.token, conn.org, conn.bucket, timeout_s=conn.timeout_s, verify_ssl=conn.verify_ssl
+                )
+            )
+    if record_path:
+        sinks.append(RecordSink(record_path))
+    if not sinks:
+        raise ConfigError("nothing to write to: give --url (a database) or --record FILE (a local file), or both")
+    return sinks

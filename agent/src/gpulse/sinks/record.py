@@ -1,0 +1,56 @@
+"""``--record FILE``: append the line protocol to a local file, fsynced per batch.
+
+The file holds plain lines, exactly what InfluxDB's write API accepts (``gpulse upload FILE``,
+``influx write -f FILE`` or ``curl --data-binary @FILE``). Re-sending the same line overwrites the
+same point, so a file that overlaps what the database already has is harmless.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..spool import write_all
+from .base import ErrorKind, Sink, WriteError, encode_body
+
+
+class RecordSink(Sink):
+    name = "record"
+    is_database = False
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path).expanduser()
+        if self.path.parent and not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = None
+
+    def write(self, lines: Sequence[str]) -> None:
+        body = encode_body(lines)
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            start = os.fstat(self._fd).st_size
+            try:
+                write_all(self._fd, body)
+                os.fsync(self._fd)
+            except OSError:
+                try:  # never leave half a batch (a torn line) in the file
+                    os.ftruncate(self._fd, start)
+                except OSError:
+                    pass
+                raise
+        except OSError as e:
+            self.close()
+            raise WriteError(ErrorKind.TRANSIENT, f"cannot write {self.path}: {e.strerror or e}") from None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def describe(self) -> str:
+        return f"record file {self.path}"

@@ -1,0 +1,443 @@
+"""The agent's end of the training channel: a thread reading datagrams from a Unix socket.
+
+Training processes (``gpulse.training``) send ``point`` / ``register`` / ``unregister`` / ``status``
+messages (``gpulse.training.protocol``). Each message is validated (:mod:`gpulse.validate`), valid
+points are tagged with ``host``, encoded and handed to ``submit`` — the same delivery path as the
+GPU samples — and each client gets ``ack`` messages once its points are durable, so it can forget
+them. Malformed input is counted by cause, logged once per cause, and never stops the thread.
+
+Who may write: the socket lives in a directory the agent creates 0700 (0750 with a group) and is
+itself 0600 (0660), and Linux checks write permission on the socket file for every sender, so
+runs of other users cannot inject points.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import logging
+import os
+import select
+import socket
+import stat
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..encoding import Encoder
+from ..training import protocol
+from ..validate import PointMsg, RegisterMsg, Rejected, StatusMsg, Validator
+
+log = logging.getLogger("gpulse.training_channel")
+
+Submit = Callable[[list[str]], int]
+
+#: Seconds between checks that registered training processes still exist.
+LIVENESS_INTERVAL_S = 2.0
+#: Minimum seconds between two acks to the same client (~10 acks/s at most).
+ACK_INTERVAL_S = 0.1
+#: Clients silent for this long lose their ack state (they are gone or will resend).
+CLIENT_IDLE_S = 120.0
+MAX_CLIENTS = 1024
+#: (seq, ticket) pairs remembered per client; beyond it the newest pairs are merged (acks are cumulative).
+MAX_PENDING = 4096
+
+
+@dataclass
+class _Client:
+    pending: deque[tuple[int, int]] = field(default_factory=deque)
+    last_ticket: int = 0
+    last_seen: float = 0.0
+    last_ack: float = 0.0
+    acked: int = -1
+    #: a submit of this client's points failed: acks are cumulative, so none may be sent any more
+    #: (the client records its unacknowledged points to its file; duplicates are harmless)
+    broken: bool = False
+
+
+@dataclass(frozen=True)
+class _Registration:
+    run: str
+    rank: str
+    pid: int
+    uuids: tuple[str, ...]
+
+
+class TrainingReceiver:
+    def __init__(
+        self,
+        path: str,
+        host: str,
+        submit: Submit,
+        *,
+        group: str | None = None,
+        status: Callable[[], dict[str, Any]] | None = None,
+        durable: Callable[[], int] | None = None,
+        now_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        """``submit(lines) -> ticket`` is ``Delivery.submit``; ``durable()`` returns the highest durable
+        ticket (default: ``submit.__self__.durable_upto`` when ``submit`` is a Delivery's bound method).
+        """
+        self.path = path
+        self.host = host
+        self._submit = submit
+        self.group = group
+        self._status = status
+        if durable is None:
+            owner = getattr(submit, "__self__", None)
+            if owner is not None and hasattr(owner, "durable_upto"):
+                durable = lambda: owner.durable_upto  # noqa: E731
+        self._durable = durable
+        self._now_ns = now_ns
+        self._validator = Validator()
+        self._encoder = Encoder()
+        self._sock: socket.socket | None = None
+        self._inode: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._clients: dict[Any, _Client] = {}
+        self._registrations: dict[tuple[str, str, int], _Registration] = {}
+        self._gpu_runs: dict[str, str] = {}
+        self.runs_version = 0
+        self._max_ticket = 0
+        self._logged: set[str] = set()
+        self.records_received = 0
+        self.records_accepted = 0
+        self.rejected: Counter[str] = Counter()
+        self.lines_submitted = 0
+        self.acks_sent = 0
+        self.status_replies = 0
+        self.submit_errors = 0
+        self._last_liveness = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> TrainingReceiver:
+        """Create the directory and socket and start the reader thread; raise ``OSError`` if impossible."""
+        self._sock = self._bind()
+        self._thread = threading.Thread(target=self._loop, name="gpulse-training-channel", daemon=True)
+        self._thread.start()
+        log.info("training channel listening on %s", self.path)
+        return self
+
+    def close(self) -> None:
+        """Stop the thread, close the socket and remove the socket file if it is still ours."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        try:
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) == self._inode:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _bind(self) -> socket.socket:
+        directory = os.path.dirname(os.path.abspath(self.path))
+        gid = grp.getgrnam(self.group).gr_gid if self.group else None
+        dir_mode, sock_mode = (0o750, 0o660) if gid is not None else (0o700, 0o600)
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=dir_mode, exist_ok=True)
+            os.chmod(directory, dir_mode)
+            if gid is not None:
+                os.chown(directory, -1, gid)
+        st = os.stat(directory)
+        if st.st_uid != os.geteuid():
+            raise PermissionError(
+                f"socket directory {directory} belongs to uid {st.st_uid}, not to this user: "
+                "choose another --socket path"
+            )
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise PermissionError(f"socket directory {directory} is writable by everyone: choose another --socket path")
+        self._remove_stale()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        old = os.umask(0o177 if gid is None else 0o117)
+        try:
+            sock.bind(self.path)
+        except OSError:
+            sock.close()
+            raise
+        finally:
+            os.umask(old)
+        os.chmod(self.path, sock_mode)
+        if gid is not None:
+            os.chown(self.path, -1, gid)
+        st = os.lstat(self.path)
+        self._inode = (st.st_dev, st.st_ino)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        except OSError:
+            pass
+        return sock
+
+    def _remove_stale(self) -> None:
+        """Remove a socket file left by a dead agent; refuse if an agent still listens or it is no socket."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise FileExistsError(f"{self.path} exists and is not a socket: refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            probe.connect(self.path)
+        except OSError:
+            os.unlink(self.path)  # nobody listens: a previous agent died without cleaning up
+            return
+        finally:
+            probe.close()
+        raise OSError(errno.EADDRINUSE, f"another gpulse agent is listening on {self.path}")
+
+    # -- the reader thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while not self._stop.is_set():
+            try:
+                ready, _, _ = select.select([sock], [], [], ACK_INTERVAL_S)
+                if ready:
+                    # Drain what is queued, but return to acks and liveness at least every ~100 ms.
+                    deadline = time.monotonic() + ACK_INTERVAL_S
+                    while time.monotonic() < deadline:
+                        try:
+                            data, addr = sock.recvfrom(protocol.MAX_DATAGRAM + 1, socket.MSG_DONTWAIT)
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        self.handle_datagram(data, addr)
+                self._send_acks()
+                now = time.monotonic()
+                if now - self._last_liveness >= LIVENESS_INTERVAL_S:
+                    self._last_liveness = now
+                    self._check_liveness()
+                    self._expire_clients(now)
+            except Exception as e:  # the channel must outlive any bug in one message's handling
+                self._count_once("internal_error", repr(e))
+                time.sleep(0.05)
+
+    def handle_datagram(self, data: bytes, addr: Any = None) -> None:
+        """Validate and act on one datagram; never raises. Public so tests can drive it directly."""
+        try:
+            messages = protocol.decode(data)
+        except protocol.ProtocolError as e:
+            self.records_received += 1
+            self._reject(e.cause, str(e).partition(": ")[2])
+            return
+        except Exception as e:
+            self.records_received += 1
+            self._reject("bad_json", repr(e))
+            return
+        now_ns = self._now_ns()
+        lines: list[str] = []
+        max_seq = -1
+        for raw in messages:
+            self.records_received += 1
+            try:
+                msg = self._validator.message(raw, now_ns)
+            except Rejected as e:
+                self._reject(e.cause, e.detail)
+                seq = raw.get("seq") if isinstance(raw, dict) else None
+                if type(seq) is int and seq >= 0:
+                    max_seq = max(max_seq, seq)  # acked too: resending it would not make it valid
+                continue
+            self.records_accepted += 1
+            if msg.seq is not None:
+                max_seq = max(max_seq, msg.seq)
+            if isinstance(msg, PointMsg):
+                line = self._encode(msg)
+                if line is not None:
+                    lines.append(line)
+            elif isinstance(msg, RegisterMsg):
+                self._register(msg)
+            elif isinstance(msg, StatusMsg):
+                self._reply_status(addr)
+        self._note_dropped_values()
+        client = self._client(addr) if addr else None
+        ticket = client.last_ticket if client else self._max_ticket
+        if lines:
+            try:
+                ticket = self._submit(lines)
+            except Exception as e:
+                self.submit_errors += 1
+                self._count_once("submit_failed", repr(e))
+                if client is not None:
+                    client.broken = True
+                    client.pending.clear()
+                return
+            self.lines_submitted += len(lines)
+            self._max_ticket = max(self._max_ticket, ticket)
+        if client is not None and max_seq >= 0 and not client.broken:
+            client.last_ticket = ticket
+            if len(client.pending) >= MAX_PENDING:
+                seq0, ticket0 = client.pending.pop()
+                client.pending.append((max(seq0, max_seq), max(ticket0, ticket)))
+            else:
+                client.pending.append((max_seq, ticket))
+
+    def _encode(self, msg: PointMsg) -> str | None:
+        tags = dict(msg.tags)
+        tags["host"] = self.host
+        return self._encoder.line(self._encoder.series(msg.measurement, tags), msg.fields, msg.ts)
+
+    def _client(self, addr: Any) -> _Client:
+        c = self._clients.get(addr)
+        if c is None:
+            if len(self._clients) >= MAX_CLIENTS:
+                oldest = min(self._clients, key=lambda a: self._clients[a].last_seen)
+                del self._clients[oldest]
+            c = self._clients[addr] = _Client(last_ticket=self._max_ticket)
+        c.last_seen = time.monotonic()
+        return c
+
+    # -- acks -------------------------------------------------------------------------------------
+    def durable_upto(self) -> int:
+        if self._durable is None:
+            return self._max_ticket  # no delivery to ask: handing over is as durable as it gets
+        try:
+            return int(self._durable())
+        except Exception as e:
+            self._count_once("durable_failed", repr(e))
+            return 0
+
+    def _send_acks(self) -> None:
+        if not self._clients:
+            return
+        durable = self.durable_upto()
+        now = time.monotonic()
+        gone = []
+        for addr, c in self._clients.items():
+            if not c.pending or now - c.last_ack < ACK_INTERVAL_S:
+                continue
+            upto = -1
+            while c.pending and c.pending[0][1] <= durable:
+                upto = max(upto, c.pending.popleft()[0])
+            if upto <= c.acked:
+                continue
+            c.last_ack = now
+            if self._send(addr, protocol.ack(upto)):
+                c.acked = upto
+                self.acks_sent += 1
+            else:
+                gone.append(addr)
+        for addr in gone:
+            self._clients.pop(addr, None)
+
+    def _send(self, addr: Any, message: dict[str, Any]) -> bool:
+        """Send to a client without blocking; ``False`` when the client is gone (its address is unbound)."""
+        if self._sock is None:
+            return False
+        try:
+            self._sock.sendto(protocol.encode(message), socket.MSG_DONTWAIT, addr)
+            return True
+        except (BlockingIOError, InterruptedError):
+            return True  # its queue is full: the next ack carries a higher upto
+        except OSError as e:
+            if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                self._count_once("send_failed", repr(e))
+            return False
+
+    def _expire_clients(self, now: float) -> None:
+        for addr in [a for a, c in self._clients.items() if now - c.last_seen > CLIENT_IDLE_S and not c.pending]:
+            del self._clients[addr]
+
+    # -- status -----------------------------------------------------------------------------------
+    def _reply_status(self, addr: Any) -> None:
+        if not addr:
+            return
+        try:
+            snapshot = self._status() if self._status else {}
+            reply = protocol.status_reply({**snapshot, "training_channel": self.stats()})
+            if len(protocol.encode(reply)) > protocol.MAX_DATAGRAM:
+                reply = protocol.status_reply({"error": "status too large for one datagram"})
+        except Exception as e:
+            self._count_once("status_failed", repr(e))
+            reply = protocol.status_reply({"error": f"status unavailable: {type(e).__name__}"})
+        if self._send(addr, reply):
+            self.status_replies += 1
+
+    # -- registrations ----------------------------------------------------------------------------
+    def _register(self, msg: RegisterMsg) -> None:
+        key = (msg.run, msg.rank, msg.pid)
+        if msg.kind == "register":
+            self._registrations[key] = _Registration(msg.run, msg.rank, msg.pid, tuple(msg.uuids))
+        else:
+            self._registrations.pop(key, None)
+        self._rebuild_gpu_runs()
+
+    def _check_liveness(self) -> None:
+        dead = [k for k, r in self._registrations.items() if not pid_alive(r.pid)]
+        if dead:
+            for k in dead:
+                log.info("training run %s rank %s (pid %d) is gone: unregistered", *k)
+                del self._registrations[k]
+            self._rebuild_gpu_runs()
+
+    def _rebuild_gpu_runs(self) -> None:
+        mapping: dict[str, str] = {}
+        for r in self._registrations.values():  # insertion order: the latest registration wins a shared GPU
+            for uuid in r.uuids:
+                mapping[uuid] = r.run
+        if mapping != self._gpu_runs:
+            self._gpu_runs = mapping
+            self.runs_version += 1
+
+    def gpu_runs(self) -> dict[str, str]:
+        """GPU uuid -> run id for the GPUs of registered, live training processes."""
+        return dict(self._gpu_runs)
+
+    # -- counting ---------------------------------------------------------------------------------
+    def _reject(self, cause: str, detail: str) -> None:
+        self.rejected[cause] += 1
+        if cause not in self._logged:
+            self._logged.add(cause)
+            log.warning("training channel: rejected a message (%s: %s); further ones are only counted", cause, detail)
+
+    def _note_dropped_values(self) -> None:
+        for cause in self._validator.dropped:
+            key = f"value:{cause}"
+            if key not in self._logged:
+                self._logged.add(key)
+                log.warning("training channel: dropped a field value (%s); further ones are only counted", cause)
+
+    def _count_once(self, what: str, detail: str) -> None:
+        if what not in self._logged:
+            self._logged.add(what)
+            log.error("training channel: %s: %s (logged once)", what, detail)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "records_received": self.records_received,
+            "records_accepted": self.records_accepted,
+            "records_rejected": sum(self.rejected.values()),
+            "runs_registered": len({r.run for r in self._registrations.values()}),
+            "rejected_by_cause": dict(self.rejected),
+            "values_dropped_by_cause": dict(self._validator.dropped),
+            "values_dropped_nonfinite": self._validator.dropped["nonfinite"] + self._encoder.nonfinite_dropped,
+            "lines_submitted": self.lines_submitted,
+            "acks_sent": self.acks_sent,
+            "status_replies": self.status_replies,
+            "submit_errors": self.submit_errors,
+            "clients": len(self._clients),
+        }
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an exited child nobody reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True

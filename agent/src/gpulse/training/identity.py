@@ -1,0 +1,95 @@
+"""Who this process is in its job: rank, local rank, world size, and the run id all ranks share.
+
+The run id must be identical on every rank of every node without a collective on the training
+path: an explicit id, else one the launcher already put in the environment (``GPULSE_RUN_ID``,
+``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``), else one rank 0 generates and shares through the
+process group's key-value store (and exports as ``GPULSE_RUN_ID`` for child processes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import Guard
+
+_runs_created = 0
+
+
+def _env_int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        v = env.get(name)
+        if v is not None and v.strip().lstrip("-").isdigit():
+            return int(v)
+    return None
+
+
+def dist_identity(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """``(rank, local_rank, world_size)`` from torch.distributed when initialised, else launcher env."""
+    env = os.environ if env is None else env
+    rank = _env_int(env, "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+    local = _env_int(env, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+    world = _env_int(env, "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+    dist = initialized_dist()
+    if dist is not None:
+        rank, world = dist.get_rank(), dist.get_world_size()
+    rank = rank or 0
+    return rank, (local if local is not None else rank), max(world or 1, 1)
+
+
+def initialized_dist() -> Any:
+    """``torch.distributed`` if it is already imported and initialised (never imports torch)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist
+    except Exception:
+        return None
+    return None
+
+
+def env_run_id(env: Mapping[str, str] | None = None) -> str | None:
+    """A job-wide run id from the environment: ``GPULSE_RUN_ID``, ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``."""
+    env = os.environ if env is None else env
+    if env.get("GPULSE_RUN_ID"):
+        return env["GPULSE_RUN_ID"]
+    elastic = env.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic.lower() != "none":  # torchrun's default --rdzv-id is the literal "none"
+        return elastic
+    job = env.get("SLURM_JOB_ID")
+    if job:
+        step = env.get("SLURM_STEP_ID")
+        return f"slurm-{job}" + (f".{step}" if step else "")
+    return None
+
+
+def generate_run_id(name: str | None) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_.\-]", "-", name or "run")[:48]
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
+
+
+def share_run_id(dist: Any, rank: int, candidate: str, guard: Guard, timeout_s: float = 10.0) -> str:
+    """Rank 0's run id for every rank, through the process group's key-value store.
+
+    A store (not a collective) so that a rank that never creates a Run cannot deadlock the others;
+    a rank that waits in vain falls back to its own id after ``timeout_s``.
+    """
+    global _runs_created
+    _runs_created += 1
+    key = f"gpulse/run_id/{_runs_created}"
+    try:
+        from datetime import timedelta
+
+        store = dist.distributed_c10d._get_default_store()
+        if rank == 0:
+            store.set(key, candidate)
+            return candidate
+        store.wait([key], timedelta(seconds=timeout_s))
+        return store.get(key).decode()
+    except Exception as exc:
+        guard.report("run_id_share", exc, "using a rank-local run id")
+        return candidate

@@ -1,0 +1,73 @@
+"""PyTorch Lightning with ``GpulseLightningCallback``, on CPU."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from training_support import Agent
+
+from gpulse.training.lightning import GpulseLightningCallback
+
+BATCHES = 5
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class SlowPairs(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8 * BATCHES
+
+    def __getitem__(self, i: int):
+        time.sleep(0.002)
+        return torch.randn(4), torch.randn(1)
+
+
+def test_the_lightning_callback_sends_every_batch_with_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = Agent(tmp_path)
+    monkeypatch.setenv("GPULSE_SOCKET", agent.path)
+    try:
+        callback = GpulseLightningCallback(tags={"framework": "lightning"})
+        trainer = pl.Trainer(
+            max_epochs=1,
+            accelerator="cpu",
+            devices=1,
+            callbacks=[callback],
+            default_root_dir=str(tmp_path / "out"),
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(Tiny(), torch.utils.data.DataLoader(SlowPairs(), batch_size=8))
+        steps = sorted(agent.points("train_step"), key=lambda p: p.fields["step"])
+        assert [p.fields["step"] for p in steps] == list(range(1, BATCHES + 1))
+        for p in steps:
+            f = p.fields
+            assert p.tags["framework"] == "lightning" and p.tags["run"] == callback.run.run_id
+            assert 0 < f["forward_s"] < f["step_time_s"]
+            assert 0 < f["backward_s"] < f["step_time_s"]
+            assert 0 < f["optimizer_s"] < f["step_time_s"]
+            assert f["samples"] == 8
+            assert f["log_loss"] >= 0
+        # the loop fetches the next batch (8 x 2 ms) between one batch's end and the next one's start
+        assert all(p.fields["data_wait_s"] > 0.012 for p in steps[1:])
+        runs = agent.points("train_run")
+        assert [(r.fields["event"], r.fields["status"]) for r in runs] == [("start", "running"), ("end", "finished")]
+        assert callback.run.stats()["errors"] == {}
+    finally:
+        agent.close()

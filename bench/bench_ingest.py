@@ -1,0 +1,145 @@
+"""4. Ingest: training records per second the agent accepts from its socket on one core, with
+several sending processes.
+
+The real ``gpulse agent`` runs pinned to CPU 0 (recording to a file, so no database limits it);
+sender processes pinned to the other core send ``train_step`` points packed into datagrams
+exactly as the training client packs them (``protocol.point`` + ``encode_batch`` under
+``MAX_DATAGRAM``), with blocking sends, so the kernel's backpressure paces them and nothing is
+lost. The figure is records counted by the agent (``records_received`` via ``gpulse status``)
+divided by the time from the first send until the agent has counted them all. The baseline is
+the rate at which the same senders push the same datagrams into a socket whose reader only
+drains it (``recv`` and discard): the kernel-and-Python ceiling of the channel on this machine.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import Table, scale
+
+from gpulse.commands.status import query_status
+from gpulse.training import protocol
+
+SENDERS = 3
+
+
+def _datagrams(sender: int, n: int) -> list[bytes]:
+    tags = {"run": "bench", "rank": str(sender), "local_rank": str(sender), "world_size": str(SENDERS)}
+    t0 = time.time_ns()
+    msgs = []
+    for i in range(n):
+        fields = {"step": i, "step_time_s": 0.1, "data_wait_s": 0.01, "forward_s": 0.03, "backward_s": 0.05,
+                  "optimizer_s": 0.01, "samples": 32, "tokens": 65536, "samples_per_s": 320.0,
+                  "tokens_per_s": 655360.0, "log_loss": 1.5}  # fmt: skip
+        msgs.append(protocol.encode(protocol.point(i, "train_step", t0 + i * 1000, tags, fields)))
+    out, group, size = [], [], protocol.BATCH_OVERHEAD
+    for m in msgs:
+        if group and size + len(m) + 1 > protocol.MAX_DATAGRAM:
+            out.append(protocol.encode_batch(group))
+            group, size = [], protocol.BATCH_OVERHEAD
+        group.append(m)
+        size += len(m) + 1
+    if group:
+        out.append(protocol.encode_batch(group))
+    return out
+
+
+def _sender(path: str, sender: int, n: int, ready: mp.Barrier) -> None:  # type: ignore[type-arg]
+    os.sched_setaffinity(0, {1})
+    data = _datagrams(sender, n)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(protocol.client_address())
+    ready.wait()
+    for d in data:
+        s.sendto(d, path)
+    s.close()
+
+
+def _run_senders(path: str, per_sender: int) -> float:
+    """Start the senders, return the monotonic time of the first send (all start together)."""
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(SENDERS + 1)
+    procs = [ctx.Process(target=_sender, args=(path, i, per_sender, barrier)) for i in range(SENDERS)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.monotonic()
+    _run_senders.procs = procs  # type: ignore[attr-defined]
+    return t0
+
+
+def _drain_baseline(tmp: Path, per_sender: int) -> float:
+    path = str(tmp / "drain.sock")
+    r = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    r.bind(path)
+    r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    total = SENDERS * per_sender
+    expected = sum(len(_datagrams(i, per_sender)) for i in range(SENDERS))
+    pid = os.fork()
+    if pid == 0:  # the reader, pinned to CPU 0 like the agent
+        os.sched_setaffinity(0, {0})
+        for _ in range(expected):
+            r.recv(1 << 17)
+        os._exit(0)
+    t0 = _run_senders(path, per_sender)
+    os.waitpid(pid, 0)
+    dt = time.monotonic() - t0
+    for p in _run_senders.procs:  # type: ignore[attr-defined]
+        p.join()
+    r.close()
+    return total / dt
+
+
+def _agent_rate(tmp: Path, per_sender: int) -> tuple[float, int]:
+    sock = str(tmp / "run" / "agent.sock")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    agent = subprocess.Popen(
+        ["taskset", "-c", "0", sys.executable, "-m", "gpulse", "agent", "--simulate", "1", "--interval", "1",
+         "--record", str(tmp / "agent.lp"), "--socket", sock, "--spool-dir", str(tmp / "spool")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    total = SENDERS * per_sender
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        t0 = _run_senders(sock, per_sender)
+        received = 0
+        while time.monotonic() - t0 < 300:
+            received = int(query_status(sock, timeout=5).get("records_received") or 0)
+            if received >= total:
+                break
+            time.sleep(0.05)
+        dt = time.monotonic() - t0
+        for p in _run_senders.procs:  # type: ignore[attr-defined]
+            p.join()
+        rejected = int(query_status(sock, timeout=5).get("records_rejected") or 0)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=60)
+    if received < total:
+        raise RuntimeError(f"the agent counted {received} of {total} records")
+    return received / dt, rejected
+
+
+def run(table: Table) -> dict[str, float]:
+    per_sender = scale(60_000, 6_000)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours, rejected = _agent_rate(Path(tmp), per_sender)
+        ceiling = _drain_baseline(Path(tmp), per_sender)
+    table.add(
+        f"ingest, training records/s on one core ({SENDERS} senders, {SENDERS * per_sender:,} records, {rejected} rejected)",
+        f"{ours:,.0f}",
+        f"{ceiling:,.0f} (recv-and-discard reader)",
+        f"{ours / ceiling:.2f}",
+        ">= 100k/s",
+    )
+    return {"ingest_records_per_s": round(ours)}

@@ -1,0 +1,65 @@
+"""Measurement helpers shared by the benchmark sections.
+
+Machines here are noisy, so every figure is the median of several repetitions after a warm-up,
+and each gpulse figure is printed beside a baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "agent" / "tests"))  # test support: fake NVML, real influxd
+
+QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+
+
+def scale(full: int, quick: int) -> int:
+    """A repetition count: ``full`` normally, ``quick`` under BENCH_QUICK=1."""
+    return quick if QUICK else full
+
+
+def median_of(fn: Callable[[], float], repeats: int, warmup: int = 1) -> float:
+    """Median of ``repeats`` calls of ``fn`` (each returns one measurement) after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(fn() for _ in range(repeats))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall seconds of one call."""
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def rss_mib(pid: int | None = None) -> float:
+    """Resident set size of a process in MiB, from /proc."""
+    with open(f"/proc/{pid or 'self'}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+class Table:
+    """Rows of (figure, gpulse, baseline, ratio, goal) printed as a readable table."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, str, str]] = []
+
+    def add(self, name: str, value: str, baseline: str = "", ratio: str = "", goal: str = "") -> None:
+        self.rows.append((name, value, baseline, ratio, goal))
+        print(f"  {name}: {value}" + (f"  (baseline {baseline}, {ratio})" if baseline else ""), flush=True)
+
+    def render(self) -> str:
+        head = ("figure", "gpulse", "baseline (same run)", "ratio", "goal")
+        widths = [max(len(r[i]) for r in [head, *self.rows]) for i in range(5)]
+        line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+        sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+        return "\n".join([line(head), sep, *(line(r) for r in self.rows)])

@@ -1,0 +1,66 @@
+"""``make bench``: every benchmark, a readable table, and one JSON object as the very last line.
+
+Each figure is printed beside a baseline measured in the same run on the same machine, since
+absolute times on a shared 2-core machine mean little. ``BENCH_QUICK=1`` runs a small version
+(the test suite checks that it works). See BENCHMARKS.md for the figures and the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+
+import bench_e2e
+import bench_encoding
+import bench_import
+import bench_ingest
+import bench_memory
+import bench_sampling
+import bench_step
+from common import QUICK, Table
+
+SECTIONS = (
+    ("1. encoding", bench_encoding),
+    ("2. sampling cost", bench_sampling),
+    ("3. training step overhead", bench_step),
+    ("4. ingest", bench_ingest),
+    ("5. end to end", bench_e2e),
+    ("6. memory", bench_memory),
+    ("7. import", bench_import),
+)
+KEYS = (
+    "encoder_speedup",
+    "cycle_cpu_ms_8gpu_1hz",
+    "cycle_cpu_ms_8gpu_10hz",
+    "step_overhead_us",
+    "step_overhead_us_agent_absent",
+    "ingest_records_per_s",
+    "e2e_ratio_vs_bulk_post",
+    "agent_rss_mib_start",
+    "agent_rss_mib_end",
+    "training_import_ms",
+)
+
+
+def main() -> int:
+    t0 = time.monotonic()
+    print(f"gpulse benchmarks{' (BENCH_QUICK)' if QUICK else ''}: Python {platform.python_version()}, "
+          f"{platform.machine()}, {platform.node()}", flush=True)  # fmt: skip
+    table = Table()
+    results: dict[str, float] = {}
+    for title, module in SECTIONS:
+        print(f"\n{title}", flush=True)
+        results.update(module.run(table))
+    print(f"\nall figures ({time.monotonic() - t0:.0f} s):\n{table.render()}\n", flush=True)
+    missing = [k for k in KEYS if k not in results]
+    if missing:
+        print(f"missing figures: {missing}", file=sys.stderr)
+        return 1
+    print(json.dumps({k: results[k] for k in KEYS}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# make up / make demo: from a fresh clone to a running stack, on whatever this machine has.
+#
+#   scripts/up.sh        (make up)   .env + secrets on first run, the agent's virtualenv, then
+#       Docker engine  -> docker compose up -d --wait (its one-shot `setup` service runs `gpulse setup`
+#                         with the admin token), then the agent in the foreground with its status line;
+#       no Docker      -> the agent records locally (--record), viewable with `gpulse report`,
+#                         uploadable with `gpulse upload`; and how to use an existing InfluxDB instead;
+#       no NVIDIA GPU  -> one sentence, and the agent runs 8 simulated GPUs (`make demo` tells a story).
+#   scripts/up.sh demo   (make demo) the same preparation, then `gpulse demo` into the local stack
+#                        (started if needed), or, without Docker, a local demo: a recording file and
+#                        the run's HTML report.
+#
+# Secrets live in files (0600, git-ignored) and are never printed. For tests: GPULSE_UP_DURATION=S
+# stops the agent after S seconds; VENV=path uses another virtualenv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODE=${1:-agent}
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+STATE=.gpulse
+TOKEN_FILE=secrets/influxdb-admin-token
+say() { printf 'gpulse up: %s\n' "$*"; }
+
+# 1. the agent's virtualenv (just the package; `make test` adds the test tools later)
+if ! "$PY" -c 'import gpulse' >/dev/null 2>&1; then
+  say "installing the gpulse agent into $VENV ..."
+  test -x "$PY" || python3 -m venv "$VENV"
+  "$PY" -m pip install -q --disable-pip-version-check -e agent
+fi
+
+# 2. settings for this machine, and the secrets (first run only; never overwritten, never printed)
+if [ ! -f .env ]; then
+  socket_dir=$("$PY" -c 'import os; from gpulse.training.protocol import default_socket_path as p; print(os.path.dirname(p()))')
+  docker_gid=$(stat -c %g /var/run/docker.sock 2>/dev/null || echo 999)
+  sed -e "s|^GPULSE_UID=.*|GPULSE_UID=$(id -u)|" \
+    -e "s|^GPULSE_GID=.*|GPULSE_GID=$(id -g)|" \
+    -e "s|^GPULSE_DOCKER_GID=.*|GPULSE_DOCKER_GID=$docker_gid|" \
+    -e "s|^GPULSE_HOSTNAME=.*|GPULSE_HOSTNAME=$(uname -n)|" \
+    -e "s|^GPULSE_SOCKET_DIR=.*|GPULSE_SOCKET_DIR=$socket_dir|" \
+    .env.example >.env
+  chmod 600 .env
+  say "created .env for this machine (uid $(id -u), host $(uname -n)); edit it to change ports or names"
+fi
+bash scripts/gen-secrets.sh
+set -a
+# shellcheck disable=SC1091
+. ./.env
+set +a
+influx_url="http://127.0.0.1:${GPULSE_INFLUX_PORT:-8086}"
+grafana_url="http://127.0.0.1:${GPULSE_GRAFANA_PORT:-3000}"
+
+docker_engine() { docker info >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; }
+influx_answers() { "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)' "$influx_url" >/dev/null 2>&1; }
+start_stack() {
+  say "starting InfluxDB and Grafana: docker compose up -d --wait (the setup service runs \`gpulse setup\`) ..."
+  docker compose up -d --wait
+  say "InfluxDB $influx_url, Grafana $grafana_url (user ${GPULSE_GRAFANA_ADMIN_USER:-admin}, password in secrets/grafana-admin-password)"
+}
+
+# 3a. make demo
+if [ "$MODE" = demo ]; then
+  if ! influx_answers && docker_engine; then
+    start_stack
+  fi
+  if influx_answers; then
+    exec "$PY" -m gpulse demo --url "$influx_url" --token-file "$TOKEN_FILE" --grafana-url "$grafana_url" --out "$STATE/demo"
+  fi
+  mkdir -p "$STATE"
+  say "No Docker engine and no InfluxDB at $influx_url, so the demo runs locally: points to $STATE/demo.lp, the run's report to $STATE/demo/."
+  rm -f "$STATE/demo.lp"
+  "$PY" -m gpulse demo --record "$STATE/demo.lp" --out "$STATE/demo"
+  cat <<EOF
+  open the report:   $STATE/demo/metrics_report.html
+  into an InfluxDB:  $PY -m gpulse setup --url URL --token-file PATH && $PY -m gpulse upload $STATE/demo.lp --url URL --token-file PATH
+EOF
+  exit 0
+fi
+
+# 3b. make up: GPUs (the agent reads NVML; without a driver it runs simulated GPUs instead)
+agent_args=()
+if ! "$PY" -c 'import pynvml; pynvml.nvmlInit()' >/dev/null 2>&1; then
+  say "No NVIDIA driver here (NVML does not load), so the agent runs 8 simulated GPUs; \`make demo\` shows every dashboard filled with a simulated node and training run."
+  agent_args+=(--simulate 8)
+fi
+if [ -n "${GPULSE_UP_DURATION:-}" ]; then
+  agent_args+=(--duration "$GPULSE_UP_DURATION")
+fi
+
+if docker_engine; then
+  start_stack
+  say "the agent follows (Ctrl-C stops it; the stack keeps running, \`make down\` stops it)"
+  exec "$PY" -m gpulse agent --url "$influx_url" --token-file "$TOKEN_FILE" "${agent_args[@]}"
+fi
+
+# 3c. no Docker engine: record locally
+mkdir -p "$STATE"
+record="$STATE/agent.lp"
+say "No Docker engine reachable (\`docker info\` fails), so no stack is started; the agent records to $record instead."
+cat <<EOF
+  look at it:      $PY -m gpulse report --from-file $record   (a training run's report; GPU lines are in the file)
+  upload it later: $PY -m gpulse upload $record --url https://influxdb.example:8086 --org ORG --bucket gpulse --token-file PATH
+  or send to an existing InfluxDB instead of recording:
+                   $PY -m gpulse agent --url https://influxdb.example:8086 --org ORG --bucket gpulse --token-file PATH
+                   (InfluxDB 1.x: add --api v1 and put user:password in the token file)
+EOF
+exec "$PY" -m gpulse agent --record "$record" "${agent_args[@]}"

@@ -1,0 +1,200 @@
+"""docker-compose.yml: valid against the Compose Specification, and the project's rules for the stack.
+
+No Docker engine here: the file is checked against the compose-spec JSON schema vendored in
+check-jsonschema (offline), and the rules are read from the YAML: exact image tags, loopback ports,
+healthchecks, secrets only through files, both InfluxDB volumes, start order, the agent profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE = REPO / "docker-compose.yml"
+SECRETS = {"influxdb-admin-password", "influxdb-admin-token", "grafana-admin-password", "grafana-influx-token"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def interpolate(value: str, env: dict[str, str] | None = None) -> str:
+    """Compose's ``${VAR:-default}`` with the defaults (what runs when .env sets nothing)."""
+    env = env or {}
+    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}", lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+
+
+def check_jsonschema(path: Path) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent)) or "check-jsonschema"
+    return subprocess.run(
+        [exe, "--builtin-schema", "vendor.compose-spec", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_compose_file_validates_against_the_compose_spec_schema():
+    r = check_jsonschema(COMPOSE)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_schema_check_catches_a_misspelled_key_and_a_bad_condition(tmp_path):
+    for bad in (
+        COMPOSE.read_text().replace("    healthcheck:\n", "    healthchek:\n", 1),
+        COMPOSE.read_text().replace("condition: service_healthy", "condition: service_ok", 1),
+    ):
+        (tmp_path / "bad.yml").write_text(bad)
+        r = check_jsonschema(tmp_path / "bad.yml")
+        assert r.returncode == 1, r.stdout
+
+
+def test_images_are_pinned_to_exact_versions_never_latest(compose):
+    services = compose["services"]
+    assert re.fullmatch(r"influxdb:2\.9\.\d+", services["influxdb"]["image"])
+    assert re.fullmatch(r"grafana/grafana:12\.4\.\d+", services["grafana"]["image"])
+    for name, svc in services.items():
+        image = svc["image"]
+        assert ":" in image and not image.endswith(":latest"), name
+        if "build" in svc:  # our own image, built from agent/
+            assert image == "gpulse:local" and svc["build"]["context"] == "./agent"
+    dockerfile = (REPO / "agent" / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.12-slim$", dockerfile, re.M) and "torch" not in dockerfile.replace(
+        "no torch", ""
+    )
+
+
+def test_ports_bind_to_loopback_unless_the_env_file_says_otherwise(compose):
+    published = [p for svc in compose["services"].values() for p in svc.get("ports", [])]
+    assert len(published) == 2
+    for p in published:
+        assert p.startswith("${GPULSE_BIND:-127.0.0.1}:"), p
+        assert interpolate(p).startswith("127.0.0.1:")
+        assert interpolate(p, {"GPULSE_BIND": "0.0.0.0"}).startswith("0.0.0.0:")
+    assert "GPULSE_BIND=127.0.0.1" in (REPO / ".env.example").read_text().splitlines()
+
+
+def test_influxdb_and_grafana_have_healthchecks_and_start_in_order(compose):
+    s = compose["services"]
+    assert "curl -fsS http://localhost:8086/health" in " ".join(s["influxdb"]["healthcheck"]["test"])
+    assert "/api/health" in " ".join(s["grafana"]["healthcheck"]["test"])
+    assert s["setup"]["depends_on"] == {"influxdb": {"condition": "service_healthy"}}
+    assert s["grafana"]["depends_on"] == {
+        "influxdb": {"condition": "service_healthy"},
+        "setup": {"condition": "service_completed_successfully"},  # its datasource token exists by then
+    }
+    assert s["agent"]["depends_on"]["setup"] == {"condition": "service_completed_successfully"}
+
+
+def test_influxdb_keeps_data_and_config_in_named_volumes(compose):
+    mounts = dict(v.split(":")[::-1] for v in compose["services"]["influxdb"]["volumes"])
+    assert set(mounts) == {"/var/lib/influxdb2", "/etc/influxdb2"}
+    assert set(mounts.values()) <= set(compose["volumes"])
+    assert "/var/lib/grafana" in [
+        v.split(":")[1] for v in compose["services"]["grafana"]["volumes"] if isinstance(v, str)
+    ]
+
+
+def test_secrets_reach_containers_only_as_files(compose):
+    declared = compose["secrets"]
+    assert set(declared) == SECRETS
+    assert all(declared[n] == {"file": f"./secrets/{n}"} for n in SECRETS)
+    file_vars = {}
+    for name, svc in compose["services"].items():
+        for key, value in (svc.get("environment") or {}).items():
+            if re.search(r"PASSWORD|TOKEN|SECRET", key):
+                assert key.endswith("_FILE"), f"{name}: {key} must be a *_FILE variable"
+                secret = value.removeprefix("/run/secrets/")
+                assert secret in svc["secrets"], f"{name}: {key} reads a secret the service does not mount"
+                file_vars[key] = secret
+    assert file_vars == {
+        "DOCKER_INFLUXDB_INIT_PASSWORD_FILE": "influxdb-admin-password",
+        "DOCKER_INFLUXDB_INIT_ADMIN_TOKEN_FILE": "influxdb-admin-token",
+        "GF_SECURITY_ADMIN_PASSWORD__FILE": "grafana-admin-password",
+        "GF_INFLUX_TOKEN__FILE": "grafana-influx-token",
+    }
+
+
+def test_no_literal_password_or_token_anywhere_in_the_stack_files(compose):
+    for path in (COMPOSE, REPO / ".env.example"):
+        for line in path.read_text().splitlines():
+            if line.lstrip().startswith("#"):
+                continue
+            m = re.search(r"(PASSWORD|TOKEN|SECRET)\w*\s*[:=]\s*(\S+)", line)
+            assert not m or "/run/secrets/" in m.group(2), f"{path.name}: {line}"
+    text = COMPOSE.read_text()
+    assert not re.search(r"DOCKER_INFLUXDB_INIT_(PASSWORD|ADMIN_TOKEN):", text)
+
+
+def test_the_secret_files_are_documented_for_make_up():
+    for doc in (REPO / ".env.example", REPO / "influxdb" / "README.md"):
+        text = doc.read_text()
+        for name in SECRETS:
+            assert f"secrets/{name}" in text, f"{doc.name} must name secrets/{name}"
+    assert "secrets/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def _parse(module: str, command: list[str]) -> argparse.Namespace:
+    import importlib
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    importlib.import_module(f"gpulse.commands.{module}").add_arguments(parser)
+    return parser.parse_args([interpolate(a) for a in command])
+
+
+def test_the_setup_service_runs_gpulse_setup_with_the_admin_token_and_writes_grafanas(compose):
+    svc = compose["services"]["setup"]
+    assert svc["command"][0] == "setup" and svc["restart"] == "no"
+    args = _parse("setup", svc["command"][1:])
+    assert (args.url, args.api, args.org, args.bucket) == ("http://influxdb:8086", "v2", "gpulse", "gpulse")
+    assert args.token_file == "/run/secrets/influxdb-admin-token" and "influxdb-admin-token" in svc["secrets"]
+    (mount,) = [v for v in svc["volumes"] if isinstance(v, dict)]
+    assert mount["source"] == "./secrets/grafana-influx-token" and mount["bind"]["create_host_path"] is False
+    assert args.grafana_token_file == mount["target"]
+    grafana = compose["services"]["grafana"]
+    datasource = (REPO / "grafana" / "provisioning" / "datasources" / "influxdb.yaml").read_text()
+    m = re.search(r"\$__file\{/run/secrets/([\w-]+)\}", datasource)
+    assert m and m.group(1) == "grafana-influx-token" and m.group(1) in grafana["secrets"]
+
+
+def test_grafana_mounts_the_provisioning_and_dashboards_of_this_repository(compose):
+    grafana = compose["services"]["grafana"]
+    binds = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"] if v.startswith("./")}
+    assert (REPO / binds["/etc/grafana/provisioning"]).is_dir()
+    provider = yaml.safe_load((REPO / "grafana" / "provisioning" / "dashboards" / "gpulse.yaml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    assert (REPO / binds[path]).is_dir()
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (REPO / binds[path] / Path(home).relative_to(path)).is_file()
+    assert grafana["user"] == compose["services"]["setup"]["user"]  # both read the 0600 files of secrets/
+
+
+def test_the_agent_service_is_optional_with_gpus_host_pids_and_the_socket_directory(compose):
+    agent = compose["services"]["agent"]
+    assert agent["profiles"] == ["agent"] and agent["pid"] == "host"
+    (device,) = agent["deploy"]["resources"]["reservations"]["devices"]
+    assert device == {"driver": "nvidia", "count": "all", "capabilities": ["gpu", "utility"]}
+    volumes = agent["volumes"]
+    (socket_dir,) = [v for v in volumes if isinstance(v, dict)]
+    assert socket_dir["target"] == "/run/gpulse" and interpolate(socket_dir["source"]) == "/run/user/1000/gpulse"
+    assert "/var/run/docker.sock:/var/run/docker.sock:ro" in volumes
+    args = _parse("agent", agent["command"][1:])
+    assert args.socket == "/run/gpulse/agent.sock" and args.token_file == "/run/secrets/influxdb-admin-token"
+    assert args.spool_dir.startswith("/var/lib/gpulse") and any(
+        v.endswith(":/var/lib/gpulse") for v in volumes if isinstance(v, str)
+    )
+
+
+def test_make_e2e_skips_with_a_clear_message_where_no_docker_engine_runs(tmp_path):
+    import os
+
+    env = os.environ | {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    r = subprocess.run(["bash", str(REPO / "scripts" / "e2e.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "make e2e: skipped: no Docker engine" in r.stdout

@@ -1,0 +1,159 @@
+"""``make up`` (scripts/up.sh) on the machines it meets: with a Docker engine, and without one.
+
+No Docker engine runs here, and no NVIDIA driver. The script runs from a copy of the files it uses
+(so the repository's own ``.env`` and ``secrets/`` are never touched), with the project's
+virtualenv, and the ``docker`` command replaced by a stand-in on ``PATH`` that answers as the
+real CLI does: ``docker info`` failing with the daemon's "Cannot connect" message (no engine), or
+succeeding and logging ``docker compose up -d --wait`` (an engine). With an engine, the InfluxDB it
+would start is :class:`FakeInfluxV2` (the documented ``/api/v2/write`` contract). The agent itself is
+real and stops after ``GPULSE_UP_DURATION`` seconds; without a driver it runs simulated GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.fake_influx_v2 import FakeInfluxV2
+
+from gpulse.lineparse import read_lines
+
+SECRETS = ("influxdb-admin-password", "influxdb-admin-token", "grafana-admin-password", "grafana-influx-token")
+NO_ENGINE = """#!/usr/bin/env bash
+echo "docker $*" >> "$DOCKER_LOG"
+if [ "$1" = info ]; then
+  echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2
+  exit 1
+fi
+exit 0
+"""
+ENGINE = """#!/usr/bin/env bash
+echo "docker $*" >> "$DOCKER_LOG"
+exit 0
+"""
+
+
+@pytest.fixture
+def checkout(repo_root: Path, tmp_path: Path) -> Path:
+    """The files `make up` reads, copied into a fresh directory."""
+    root = tmp_path / "gpulse"
+    (root / "scripts").mkdir(parents=True)
+    for rel in ("scripts/up.sh", "scripts/gen-secrets.sh", ".env.example", "docker-compose.yml"):
+        shutil.copy(repo_root / rel, root / rel)
+    return root
+
+
+def _env(tmp_path: Path, docker_script: str) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(docker_script)
+    (bin_dir / "docker").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    env.update(
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        DOCKER_LOG=str(tmp_path / "docker.log"),
+        VENV=str(Path(sys.executable).parent.parent),
+        GPULSE_UP_DURATION="3",
+        XDG_RUNTIME_DIR=str(tmp_path / "run"),
+        XDG_STATE_HOME=str(tmp_path / "state"),
+    )
+    (tmp_path / "run").mkdir(mode=0o700, exist_ok=True)
+    return env
+
+
+def _up(checkout: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(checkout / "scripts/up.sh"), *args],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _secret_values(checkout: Path) -> list[str]:
+    return [v for name in SECRETS if (v := (checkout / "secrets" / name).read_text().strip())]
+
+
+def test_without_docker_make_up_creates_env_and_secrets_and_the_agent_records_locally(
+    checkout: Path, tmp_path: Path
+) -> None:
+    env = _env(tmp_path, NO_ENGINE)
+    out = _up(checkout, env)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+
+    # one sentence each for the missing driver and the missing engine, with what to do instead
+    assert text.count("No NVIDIA driver") == 1 and "make demo" in text
+    assert "No Docker engine reachable" in text
+    assert "--url" in text and "--token-file" in text and "gpulse upload" in text and "gpulse report" in text
+
+    dotenv = (checkout / ".env").read_text()
+    assert f"GPULSE_UID={os.getuid()}\n" in dotenv and f"GPULSE_GID={os.getgid()}\n" in dotenv
+    assert f"GPULSE_HOSTNAME={socket.gethostname()}\n" in dotenv
+    assert f"GPULSE_SOCKET_DIR={tmp_path / 'run' / 'gpulse'}\n" in dotenv
+    assert stat.S_IMODE((checkout / ".env").stat().st_mode) == 0o600
+
+    assert stat.S_IMODE((checkout / "secrets").stat().st_mode) == 0o700
+    for name in SECRETS:
+        assert stat.S_IMODE((checkout / "secrets" / name).stat().st_mode) == 0o600, name
+    values = _secret_values(checkout)
+    assert len(values) == 3 and len(set(values)) == 3 and all(len(v) >= 32 for v in values)
+    assert (checkout / "secrets/grafana-influx-token").read_text() == ""  # gpulse setup fills it
+    assert not any(v in text for v in values), "a secret was printed"
+
+    record = checkout / ".gpulse/agent.lp"
+    gpus = {p.tags["gpu"] for _, _, p in read_lines(record) if not isinstance(p, Exception) and p.measurement == "gpu"}
+    assert gpus == {str(i) for i in range(8)}
+
+    # a second `make up` keeps the secrets and the .env it made
+    again = _up(checkout, env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert _secret_values(checkout) == values
+    assert (checkout / ".env").read_text() == dotenv
+    assert "generated secrets" not in again.stdout
+
+
+def test_with_docker_make_up_starts_the_stack_and_the_agent_writes_to_it_with_the_generated_token(
+    checkout: Path, tmp_path: Path
+) -> None:
+    env = _env(tmp_path, ENGINE)
+    subprocess.run(["bash", str(checkout / "scripts/gen-secrets.sh")], check=True, capture_output=True, env=env)
+    token = (checkout / "secrets/influxdb-admin-token").read_text().strip()
+    influx = FakeInfluxV2(token=token).start()
+    try:
+        port = influx.url.rsplit(":", 1)[1]
+        example = (checkout / ".env.example").read_text()
+        (checkout / ".env").write_text(example.replace("GPULSE_INFLUX_PORT=8086", f"GPULSE_INFLUX_PORT={port}"))
+        out = _up(checkout, env)
+    finally:
+        influx.stop()
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    calls = (tmp_path / "docker.log").read_text().splitlines()
+    assert "docker compose up -d --wait" in calls
+    assert "No Docker engine" not in text
+    assert token not in text
+    written = {line.split(",", 1)[0] for line in influx.lines}
+    assert {"gpu", "gpu_info"} <= written, written
+    assert all(r.headers.get("Authorization") == f"Token {token}" for r in influx.requests)
+
+
+def test_make_demo_without_docker_runs_the_whole_demo_locally(checkout: Path, tmp_path: Path) -> None:
+    env = _env(tmp_path, NO_ENGINE)
+    (checkout / ".env.example").write_text(
+        (checkout / ".env.example").read_text().replace("GPULSE_INFLUX_PORT=8086", "GPULSE_INFLUX_PORT=1")
+    )
+    out = _up(checkout, env, "demo")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "the demo runs locally" in out.stdout
+    assert "DIAGNOSIS:" in out.stdout
+    assert (checkout / ".gpulse/demo/metrics_report.html").exists()
+    assert (checkout / ".gpulse/demo.lp").stat().st_size > 1_000_000
