@@ -140,6 +140,9 @@ def test_when_the_agent_dies_mid_run_every_step_is_in_the_agent_or_the_file(tmp_
     filed = {p.fields["step"] for p in recorded(out / RECORD_FILE, "train_step")}
     assert delivered and filed
     assert delivered | filed == set(range(1, 21))
+    # Recorded points carry the agent's host tag (learnt from its acks), not this machine's
+    # hostname: an upload then overwrites the same series instead of duplicating them.
+    assert {p.tags["host"] for p in recorded(out / RECORD_FILE)} == {"testhost"} != {socket.gethostname()}
 
 
 def test_the_unacknowledged_buffer_is_bounded_and_spills_to_the_file(tmp_path: Path) -> None:

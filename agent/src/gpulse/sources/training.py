@@ -318,7 +318,7 @@ class TrainingReceiver:
             if upto <= c.acked:
                 continue
             c.last_ack = now
-            if self._send(addr, protocol.ack(upto)):
+            if self._send(addr, protocol.ack(upto, self.host)):
                 c.acked = upto
                 self.acks_sent += 1
             else:

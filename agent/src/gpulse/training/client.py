@@ -207,7 +207,12 @@ class Client:
                 self.guard.report(f"bad_reply_{exc.cause}", exc)
                 continue
             for msg in messages:
-                upto = msg.get("upto") if msg.get("kind") == protocol.KIND_ACK else None
+                if msg.get("kind") != protocol.KIND_ACK:
+                    continue
+                host = msg.get("host")
+                if type(host) is str and host and len(host) <= 256:
+                    self._host = host  # the agent's host tag: recorded points must match its series
+                upto = msg.get("upto")
                 if type(upto) is int:
                     self._ack(upto)
 

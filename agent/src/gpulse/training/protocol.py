@@ -113,8 +113,13 @@ def status_reply(status: Mapping[str, Any]) -> dict:
     return {"v": PROTOCOL_VERSION, "kind": KIND_STATUS_REPLY, "status": dict(status)}
 
 
-def ack(upto: int) -> dict:
-    return {"v": PROTOCOL_VERSION, "kind": KIND_ACK, "upto": upto}
+def ack(upto: int, host: str | None = None) -> dict:
+    """Everything up to ``seq`` ``upto`` is durable. ``host`` is the agent's host tag, so that a client
+    recording to its fallback file tags points exactly as the agent would (same series, no duplicates)."""
+    msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": KIND_ACK, "upto": upto}
+    if host:
+        msg["host"] = host
+    return msg
 
 
 # -- encoding ---------------------------------------------------------------------------------------

@@ -1,0 +1,43 @@
+"""``make bench`` works: a small run (BENCH_QUICK=1) measures every figure and ends with the JSON line.
+
+The figures themselves are not judged here (speed goals live in the benchmark, not in tests);
+this checks that every section runs against the real parts and reports a number for every key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+KEYS = {
+    "encoder_speedup",
+    "cycle_cpu_ms_8gpu_1hz",
+    "cycle_cpu_ms_8gpu_10hz",
+    "step_overhead_us",
+    "step_overhead_us_agent_absent",
+    "ingest_records_per_s",
+    "e2e_ratio_vs_bulk_post",
+    "agent_rss_mib_start",
+    "agent_rss_mib_end",
+    "training_import_ms",
+}
+
+
+def test_a_quick_bench_run_prints_a_table_and_ends_with_exactly_the_documented_json(repo_root):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    env["BENCH_QUICK"] = "1"
+    out = subprocess.run(
+        [sys.executable, "run.py"], cwd=repo_root / "bench", env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert set(result) == KEYS
+    for key, value in result.items():
+        assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
+        if not key.startswith("step_overhead"):  # a difference of two timings; noise may cross zero
+            assert value > 0, (key, value)
+    assert "| figure" in out.stdout  # the readable table precedes the JSON line
