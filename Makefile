@@ -37,10 +37,12 @@ down:
 test: $(STAMP)
 	@bash scripts/ensure-influxd.sh
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 format: $(STAMP)
 	$(PY) -m ruff format .

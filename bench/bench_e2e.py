@@ -30,7 +30,10 @@ def make_lines(n_cycles: int) -> list[str]:
     src = SimulatedSource(8, model="H100", seed=3)
     gpus = src.open()
     enc = Encoder()
-    series = {g.index: enc.series("gpu", {"host": "bench", "gpu": str(g.index), "uuid": g.uuid, "model": g.model}) for g in gpus}
+    series = {
+        g.index: enc.series("gpu", {"host": "bench", "gpu": str(g.index), "uuid": g.uuid, "model": g.model})
+        for g in gpus
+    }
     t0 = 1_764_000_000_000_000_000
     out: list[str] = []
     for c in range(n_cycles):

@@ -28,7 +28,10 @@ def node_cycles(n: int) -> list[list[dict[str, object]]]:
 
 
 def run(table: Table) -> dict[str, float]:
-    tags = [{"host": "node-01", "gpu": str(i), "uuid": f"GPU-{i:08x}-1111-2222", "model": "NVIDIA H100 80GB HBM3"} for i in range(8)]
+    tags = [
+        {"host": "node-01", "gpu": str(i), "uuid": f"GPU-{i:08x}-1111-2222", "model": "NVIDIA H100 80GB HBM3"}
+        for i in range(8)
+    ]
     cycles = node_cycles(50)
     n_fields = len(cycles[0][0])
     assert n_fields >= 45, n_fields
@@ -67,9 +70,18 @@ def run(table: Table) -> dict[str, float]:
 
     # Same output? (modulo field order and float formatting of integral floats)
     ours = enc.line(series[0], cycles[0][0], ts0)
-    assert ours is not None and ours.split(" ")[0] == Point("gpu").tag("host", "node-01").tag("gpu", "0").tag(
-        "model", "NVIDIA H100 80GB HBM3"
-    ).tag("uuid", "GPU-00000000-1111-2222").field("x", 1).to_line_protocol().split(" ")[0]
+    assert (
+        ours is not None
+        and ours.split(" ")[0]
+        == Point("gpu")
+        .tag("host", "node-01")
+        .tag("gpu", "0")
+        .tag("model", "NVIDIA H100 80GB HBM3")
+        .tag("uuid", "GPU-00000000-1111-2222")
+        .field("x", 1)
+        .to_line_protocol()
+        .split(" ")[0]
+    )
 
     reps = scale(5, 2)
     ours_lps = median_of(gpulse_once, reps)

@@ -11,7 +11,9 @@ import sys
 from common import Table, median_of, scale
 
 _RSS = "int([l for l in open('/proc/self/status') if l.startswith('VmRSS:')][0].split()[1])/1024"
-_PROBE = "import time; r0={rss}; t=time.perf_counter(); import {mod}; dt=time.perf_counter()-t; print(dt*1000, {rss}-r0)"
+_PROBE = (
+    "import time; r0={rss}; t=time.perf_counter(); import {mod}; dt=time.perf_counter()-t; print(dt*1000, {rss}-r0)"
+)
 
 
 def _import_cost(mod: str) -> tuple[float, float]:
@@ -30,7 +32,11 @@ def run(table: Table) -> dict[str, float]:
     theirs_mib = _import_cost("influxdb_client")[1]
     # What the training library must never drag into a training process.
     heavy = subprocess.run(
-        [sys.executable, "-c", "import sys, gpulse.training; print(sorted(m for m in ('torch','influxdb_client','numpy','gpulse.encoding') if m in sys.modules))"],
+        [
+            sys.executable,
+            "-c",
+            "import sys, gpulse.training; print(sorted(m for m in ('torch','influxdb_client','numpy','gpulse.encoding') if m in sys.modules))",
+        ],
         capture_output=True,
         text=True,
         check=True,

@@ -25,7 +25,6 @@ from common import Table, scale
 
 from gpulse.training import Run
 
-
 WORK_S = 0.0002  # per-step stand-in for waiting on the GPU
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from gpulse.dashboards import ALERTS_PATH, alerts
 from gpulse.dashboards.builder import DATASOURCE_UID
 from gpulse.dashboards.influxql import check_references

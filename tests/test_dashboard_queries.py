@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpulse import downsample, schema
 from gpulse.connection import Connection
 from gpulse.dashboards import alerts, dashboards

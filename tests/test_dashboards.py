@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from gpulse import downsample, schema
 from gpulse.dashboards import DASHBOARDS_DIR, check, dashboards, rendered
 from gpulse.dashboards.builder import DATASOURCE_UID

@@ -71,10 +71,13 @@ class Connection:
 def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("database connection (shared by every command)")
     g.add_argument("--url", help=f"InfluxDB URL (default {DEFAULT_URL}; env GPULSE_URL)")
-    g.add_argument("--api", choices=APIS, help="v2 (default: InfluxDB 2.x, 3.x, Cloud) or v1 (InfluxDB 1.x); env GPULSE_API")
+    g.add_argument(
+        "--api", choices=APIS, help="v2 (default: InfluxDB 2.x, 3.x, Cloud) or v1 (InfluxDB 1.x); env GPULSE_API"
+    )
     g.add_argument("--org", help=f"organisation (v2; default {DEFAULT_ORG}; env GPULSE_ORG)")
     g.add_argument(
-        "--bucket", help=f"bucket (v2) or database[/retention-policy] (v1) (default {DEFAULT_BUCKET}; env GPULSE_BUCKET)"
+        "--bucket",
+        help=f"bucket (v2) or database[/retention-policy] (v1) (default {DEFAULT_BUCKET}; env GPULSE_BUCKET)",
     )
     g.add_argument(
         "--token-file",

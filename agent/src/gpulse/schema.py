@@ -136,7 +136,12 @@ GPU = Measurement(
     "and ~60 s) appear only on the cycles that read them.",
     GPU_TAGS,
     (
-        _f("util_gpu_pct", "float", "%", "GPU busy time (NVML utilization.gpu): a kernel ran during the window; not SM activity"),
+        _f(
+            "util_gpu_pct",
+            "float",
+            "%",
+            "GPU busy time (NVML utilization.gpu): a kernel ran during the window; not SM activity",
+        ),
         _f("util_mem_pct", "float", "%", "memory controller busy time (NVML utilization.memory); not capacity"),
         _f("mem_used_bytes", "int", "B", "memory used, v2 call (excludes driver-reserved memory)"),
         _f("mem_free_bytes", "int", "B", "memory free (v2)"),
@@ -151,7 +156,10 @@ GPU = Measurement(
         _f("clock_mem_mhz", "int", "MHz", "memory clock"),
         _f("clock_graphics_mhz", "int", "MHz", "graphics clock"),
         _i("clock_event_reasons", "int", "bitmask", "nvmlDeviceGetCurrentClocksEventReasons bitmask"),
-        *(_f(name, "int", "0/1", f"1 while clocks are held back by {text} (mean = fraction of time)") for _, name, text in CLOCK_EVENT_FLAGS),
+        *(
+            _f(name, "int", "0/1", f"1 while clocks are held back by {text} (mean = fraction of time)")
+            for _, name, text in CLOCK_EVENT_FLAGS
+        ),
         _f("throttled", "int", "0/1", "1 while any power/thermal/hardware/sync-boost reason holds clocks back"),
         _f("pstate", "int", "P-state", "performance state, 0 (max) .. 15 (min)"),
         _f("fan_pct", "float", "%", "fan speed"),

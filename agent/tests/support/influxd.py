@@ -101,7 +101,9 @@ bind-address = "127.0.0.1:{self.rpc_port}"
         self.proc = None
 
     # -- HTTP -----------------------------------------------------------------------------------
-    def query(self, q: str, db: str | None = None, epoch: str = "ns", user: tuple[str, str] | None = None) -> dict[str, Any]:
+    def query(
+        self, q: str, db: str | None = None, epoch: str = "ns", user: tuple[str, str] | None = None
+    ) -> dict[str, Any]:
         params = {"q": q, "epoch": epoch}
         if db:
             params["db"] = db
