@@ -107,16 +107,16 @@ def test_acks_wait_until_the_delivery_says_the_lines_are_durable(rx, delivery):
     assert wait_for(lambda: len(delivery.lines) == 3)
     assert c.recv(timeout=0.4) is None, "acked before anything was durable"
     delivery.durable_upto = 2  # the first datagram's lines are written
-    assert c.recv() == {"v": 1, "kind": "ack", "upto": 2}
+    assert c.recv() == {"v": 1, "kind": "ack", "upto": 2, "host": "node1"}
     delivery.durable_upto = 3
-    assert c.recv() == {"v": 1, "kind": "ack", "upto": 3}
+    assert c.recv() == {"v": 1, "kind": "ack", "upto": 3, "host": "node1"}
 
 
 def test_a_rejected_point_is_still_acknowledged_so_the_client_stops_resending_it(rx, delivery):
     c = Client(rx.path)
     bad = protocol.point(7, "train_step", time.time_ns(), {"run": "r1"}, {"step": 1})  # no rank tags
     c.send(bad)
-    assert c.recv() == {"v": 1, "kind": "ack", "upto": 7}
+    assert c.recv() == {"v": 1, "kind": "ack", "upto": 7, "host": "node1"}
     assert rx.stats()["rejected_by_cause"] == {"missing_tag": 1}
     assert delivery.lines == []
 
@@ -268,6 +268,6 @@ def test_after_a_failed_submit_that_client_gets_no_more_acks_and_the_channel_kee
         assert r.stats()["submit_errors"] == 1
         other = Client(r.path)
         other.send(step_msg(1, 0))
-        assert other.recv() == {"v": 1, "kind": "ack", "upto": 1}
+        assert other.recv() == {"v": 1, "kind": "ack", "upto": 1, "host": "n"}
     finally:
         r.close()

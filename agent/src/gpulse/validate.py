@@ -100,6 +100,10 @@ class StatusMsg:
 Message = PointMsg | RegisterMsg | StatusMsg
 
 
+_MAX_KNOWN_FIELDS = 1024
+_MAX_TAG_SETS = 4096
+
+
 def _is_int(v: Any) -> bool:
     return type(v) is int
 
@@ -111,6 +115,10 @@ class Validator:
     past_window_ns: int = PAST_WINDOW_NS
     future_window_ns: int = FUTURE_WINDOW_NS
     dropped: Counter[str] = field(default_factory=Counter)
+    #: measurement -> field name -> type, declared fields plus open fields seen (bounded)
+    _types: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    #: (measurement, tag items) -> checked tags: the ranks of a run send the same tag set every step
+    _tag_cache: dict[tuple[str, tuple[tuple[Any, Any], ...]], dict[str, str]] = field(default_factory=dict, repr=False)
 
     def message(self, msg: Any, now_ns: int) -> Message:
         if not isinstance(msg, dict):
@@ -140,7 +148,7 @@ class Validator:
             raise Rejected("bad_ts")
         if not now_ns - self.past_window_ns <= ts <= now_ns + self.future_window_ns:
             raise Rejected("ts_out_of_window", f"{(ts - now_ns) / 1e9:+.0f} s from now")
-        tags = check_tags(m, msg.get("tags"))
+        tags = self._tags(m, msg.get("tags"))
         fields = msg.get("fields")
         if not isinstance(fields, dict) or len(fields) > MAX_FIELDS:
             raise Rejected("bad_fields")
@@ -150,15 +158,49 @@ class Validator:
         return PointMsg(name, tags, clean, ts, seq)
 
     def fields(self, m: schema.Measurement, fields: Mapping[str, Any]) -> dict[str, Any]:
-        """The field values that fit ``m``, coerced to their declared types; the rest counted in ``dropped``."""
+        """The field values that fit ``m``, coerced to their declared types; the rest counted in ``dropped``.
+
+        Hot path (every training step of every rank): a finite ``float`` for a float field and an
+        in-range ``int`` for an int field are accepted after one lookup; anything else goes
+        through :func:`check_value`."""
+        types = self._types.get(m.name)
+        if types is None:
+            types = self._types[m.name] = {f.name: f.type for f in m.fields}
         out: dict[str, Any] = {}
         for name, value in fields.items():
+            t = types.get(name)
+            if t == "float":
+                if type(value) is float and value - value == 0.0:
+                    out[name] = value
+                    continue
+            elif t == "int":
+                if type(value) is int and _INT_MIN <= value <= _INT_MAX:
+                    out[name] = value
+                    continue
+            elif t is None and type(name) is str and len(types) < _MAX_KNOWN_FIELDS:
+                ft = m.field_type(name)  # an open field (log_*, phase_*) seen for the first time
+                if ft is not None:
+                    types[name] = ft
             cause, v = check_value(m, name, value)
             if cause:
                 self.dropped[cause] += 1
             else:
                 out[name] = v
         return out
+
+    def _tags(self, m: schema.Measurement, tags: Any) -> dict[str, str]:
+        """:func:`check_tags`, remembered per distinct tag set (bounded; the result is never mutated)."""
+        try:
+            key = (m.name, tuple(tags.items()))
+            hit = self._tag_cache.get(key)
+        except (AttributeError, TypeError):  # not a dict, or unhashable values: check_tags says why
+            return check_tags(m, tags)
+        if hit is None:
+            hit = check_tags(m, tags)
+            if len(self._tag_cache) >= _MAX_TAG_SETS:
+                self._tag_cache.clear()
+            self._tag_cache[key] = hit
+        return hit
 
     # -- registration -----------------------------------------------------------------------
     def _register(self, msg: Mapping[str, Any], kind: str, seq: int | None) -> RegisterMsg:

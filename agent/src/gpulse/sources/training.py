@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..encoding import Encoder
+from ..encoding import Encoder, Series
 from ..training import protocol
 from ..validate import PointMsg, RegisterMsg, Rejected, StatusMsg, Validator
 
@@ -94,6 +94,8 @@ class TrainingReceiver:
         self._now_ns = now_ns
         self._validator = Validator()
         self._encoder = Encoder()
+        #: (measurement, id of a checked tag dict) -> (that dict, its Series with host): see _encode
+        self._series: dict[tuple[str, int], tuple[dict[str, str], Series]] = {}
         self._sock: socket.socket | None = None
         self._inode: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
@@ -279,9 +281,13 @@ class TrainingReceiver:
                 client.pending.append((max_seq, ticket))
 
     def _encode(self, msg: PointMsg) -> str | None:
-        tags = dict(msg.tags)
-        tags["host"] = self.host
-        return self._encoder.line(self._encoder.series(msg.measurement, tags), msg.fields, msg.ts)
+        key = (msg.measurement, id(msg.tags))  # the validator hands out one dict per distinct tag set
+        hit = self._series.get(key)
+        if hit is None or hit[0] is not msg.tags:
+            if len(self._series) >= 4096:
+                self._series.clear()
+            hit = self._series[key] = (msg.tags, self._encoder.series(msg.measurement, {**msg.tags, "host": self.host}))
+        return self._encoder.line(hit[1], msg.fields, msg.ts)
 
     def _client(self, addr: Any) -> _Client:
         c = self._clients.get(addr)
