@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gpulse-installed
 
-.PHONY: help venv test lint format generate bench up down demo e2e gpu-check clean
+.PHONY: help venv test lint format generate bench up down demo e2e gpu-check gpu-wheels clean
 
 help:
 	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
@@ -58,8 +58,13 @@ bench: $(STAMP)
 	@bash scripts/ensure-influxd.sh
 	cd bench && ../$(PY) run.py
 
-gpu-check: $(STAMP)
+# On a GPU machine, offline: no venv build here (see scripts/gpu-check.sh for what it uses).
+gpu-check:
 	bash scripts/gpu-check.sh
+
+# The wheels gpu-check needs besides torch, for a GPU machine without network (git-ignored).
+gpu-wheels:
+	python3 -m pip download -q -d wheels nvidia-ml-py tenacity influxdb-client docker
 
 clean:
 	rm -rf $(VENV) agent/src/*.egg-info

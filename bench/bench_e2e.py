@@ -48,7 +48,7 @@ def make_lines(n_cycles: int) -> list[str]:
 
 def agent_path(server: InfluxDB1, db: str, lines: list[str], spool: Path) -> float:
     sink = InfluxV1Sink(server.url, db)
-    d = Delivery([sink], spool_dir=spool, max_lines=BATCH_LINES, flush_interval=0.05)
+    d = Delivery([sink], spool_dir=spool, max_lines=BATCH_LINES)  # the agent's defaults: 1 s flush interval
     d.start()
     t = time.perf_counter()
     for i in range(0, len(lines), 1000):  # the agent submits a cycle's worth at a time

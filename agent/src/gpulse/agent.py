@@ -62,6 +62,28 @@ def make_source(cfg: AgentConfig) -> GpuSource:
     return NvmlSource()
 
 
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+_malloc_trim = _libc_malloc_trim()
+
+
+def trim_heap() -> None:
+    """Hand freed heap memory back to the OS (glibc only), every self-metrics interval.
+
+    Request bodies (MBs while a backlog drains) are allocated and freed on the delivery and sink
+    threads, whose glibc arenas otherwise keep the freed pages: the agent's RSS would creep up to
+    its highest backlog and stay there. Costs ~0.1 ms every 10 s."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
 def process_cpu_s() -> float:
     """User + system CPU time of this process, all threads (sampling, delivery, training channel)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -431,6 +453,7 @@ class Agent:
         return fields
 
     def _submit_self_metrics(self, ts: int) -> None:
+        trim_heap()
         text = self.encoder.line(self._agent_series, self.self_metrics(), ts)
         if text is not None:
             self.points["agent"] = self.points.get("agent", 0) + 1
