@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.grafana_queries import panel_rows
 
 from gpulse import downsample, schema
 from gpulse.connection import Connection
 from gpulse.dashboards import alerts, dashboards
 from gpulse.dashboards.builder import DATASOURCE_UID
-from gpulse.dashboards.influxql import Variable, interpolate
+from gpulse.dashboards.influxql import interpolate
 from gpulse.encoding import Encoder
 
 pytestmark = pytest.mark.influxdb
@@ -46,30 +47,6 @@ NS = 1_000_000_000
 AGENT_SECONDS = 13.0
 #: The range a user looks at right after starting the agent; History keeps its own (30 days).
 RECENT = "now-5m"
-MAX_DATA_POINTS = 1000
-_ROUND = [(1.5, 1), (3.5, 2), (7.5, 5), (12.5, 10), (17.5, 15), (25, 20), (45, 30), (90, 60), (210, 120), (450, 300)]
-_ROUND += [(750, 600), (1050, 900), (1500, 1200), (2700, 1800), (5400, 3600), (9000, 7200), (16200, 10800)]
-
-
-def grafana_interval(range_s: float, min_interval: str | None) -> str:
-    """``$__interval``: range / max data points, rounded like Grafana, never below the min interval."""
-    raw = range_s / MAX_DATA_POINTS
-    nice = next((v for limit, v in _ROUND if raw < limit), 21600)
-    low = _seconds(min_interval or "1s")  # the datasource's timeInterval
-    return _fmt(max(nice, low))
-
-
-def _seconds(d: str) -> int:
-    m = re.fullmatch(r"(\d+)([smhd])", d)
-    assert m, d
-    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
-def _fmt(s: int) -> str:
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s % n == 0:
-            return f"{s // n}{unit}"
-    return f"{s}s"
 
 
 # -- the fixture: setup, agent, training run, downsampling ------------------------------------------
@@ -257,39 +234,6 @@ def filled(influxdb_module: Any, repo_root: Path) -> Iterator[dict[str, Any]]:
     yield {"influx": influxdb_module, "setup": how_setup, "start": start, "end": end, "downsampled": written}
 
 
-# -- running queries the way Grafana does ---------------------------------------------------------
-def _data_rows(influx: Any, query: str) -> int:
-    """Rows with at least one non-null value besides time and tags."""
-    n = 0
-    for res in influx.query(query, db="gpulse").get("results", []):
-        for s in res.get("series", []) or []:
-            cols = s["columns"]
-            for values in s["values"]:
-                if any(v is not None for c, v in zip(cols, values, strict=True) if c != "time"):
-                    n += 1
-    return n
-
-
-def _resolve_variables(influx: Any, dash: dict[str, Any], time_from: str) -> dict[str, Variable]:
-    """Run each variable's query in order, selecting All (or the first value of a single-value one)."""
-    resolved: dict[str, Variable] = {}
-    for v in dash["templating"]["list"]:
-        q = interpolate(v["query"], resolved, time_from=time_from)
-        values = sorted({row["value"] for row in influx.rows(q)})
-        assert values, f"{dash['title']}: variable ${v['name']} has no values: {q}"
-        # The user picks the simulated node and the run; hosts written only for the alert tests stay out.
-        pick = {"host": HOST, "run": RUN_ID}.get(v["name"])
-        if pick is not None:
-            assert pick in values, f"{dash['title']}: ${v['name']} does not offer {pick}: {values}"
-            values = [pick]
-        resolved[v["name"]] = Variable(tuple(values), multi=v["multi"] or v["includeAll"])
-    return resolved
-
-
-def _range_seconds(time_from: str) -> int:
-    return _seconds(time_from.removeprefix("now-"))
-
-
 @pytest.mark.parametrize("dashboard", dashboards(), ids=lambda d: d.slug)
 def test_every_panel_variable_and_annotation_of_a_dashboard_returns_data(
     filled: dict[str, Any], dashboard: Any
@@ -297,22 +241,8 @@ def test_every_panel_variable_and_annotation_of_a_dashboard_returns_data(
     influx = filled["influx"]
     dash = dashboard.to_json()
     time_from = dash["time"]["from"] if dashboard.slug == "history" else RECENT
-    variables = _resolve_variables(influx, dash, time_from)
-    counts: dict[str, int] = {}
-    for p in dash["panels"]:
-        if p["type"] == "row":
-            continue
-        interval = grafana_interval(_range_seconds(time_from), p.get("interval"))
-        rows = 0
-        for t in p["targets"]:
-            q = interpolate(t["query"], variables, time_from=time_from, interval=interval)
-            rows += _data_rows(influx, q)
-        counts[p["title"]] = rows
-    for a in dash["annotations"]["list"]:
-        if "query" in a:
-            counts[f"annotation: {a['name']}"] = _data_rows(
-                influx, interpolate(a["query"], variables, time_from=time_from)
-            )
+    # the user picks the simulated node and the run; hosts written only for the alert tests stay out
+    counts = panel_rows(influx, dash, time_from, {"host": HOST, "run": RUN_ID})
     with_data = sum(1 for n in counts.values() if n)
     print(
         f"\n{dashboard.title}: {with_data}/{len(counts)} panels and annotations returned data (db prepared by {filled['setup']})"

@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_dashboard_queries as dq
 from support.fixtures import gpulse_cmd
+from support.grafana_queries import panel_rows
 from support.influxd import InfluxDB1
 
 from gpulse import demo
 from gpulse.dashboards import dashboards
-from gpulse.dashboards.influxql import interpolate
 from gpulse.lineparse import read_lines
 
 pytestmark = pytest.mark.influxdb
@@ -97,30 +96,13 @@ def test_the_demo_fills_the_last_hours_with_every_planted_event(demo_run: dict) 
 
 @pytest.mark.parametrize("dashboard", dashboards(), ids=lambda d: d.slug)
 def test_after_the_demo_every_panel_of_a_dashboard_shows_data_over_its_default_range(
-    demo_run: dict, dashboard: Any, monkeypatch: pytest.MonkeyPatch
+    demo_run: dict, dashboard: Any
 ) -> None:
     influx = demo_run["influx"]
-    # the host and run a user picks: the demo's
-    monkeypatch.setattr(dq, "HOST", demo.DEMO_HOST)
-    monkeypatch.setattr(dq, "RUN_ID", demo_run["run"])
     dash = dashboard.to_json()
-    time_from = dash["time"]["from"]
-    variables = dq._resolve_variables(influx, dash, time_from)
-    assert demo.DEMO_HOST in variables["host"].values
-    counts: dict[str, int] = {}
-    for p in dash["panels"]:
-        if p["type"] == "row":
-            continue
-        interval = dq.grafana_interval(dq._range_seconds(time_from), p.get("interval"))
-        counts[p["title"]] = sum(
-            dq._data_rows(influx, interpolate(t["query"], variables, time_from=time_from, interval=interval))
-            for t in p["targets"]
-        )
-    for a in dash["annotations"]["list"]:
-        if "query" in a:
-            counts[f"annotation: {a['name']}"] = dq._data_rows(
-                influx, interpolate(a["query"], variables, time_from=time_from)
-            )
+    # the host and run a user picks: the demo's
+    assert demo.DEMO_HOST in {r["value"] for r in influx.rows('SHOW TAG VALUES FROM "gpu" WITH KEY = "host"')}
+    counts = panel_rows(influx, dash, dash["time"]["from"], {"host": demo.DEMO_HOST, "run": demo_run["run"]})
     print(f"\n{dashboard.title}: {sum(1 for n in counts.values() if n)}/{len(counts)} panels and annotations with data")
     assert [title for title, n in counts.items() if n == 0] == []
 

@@ -42,7 +42,7 @@ class NvmlSource(GpuSource):
         slow_interval_s: float = 60.0,
         process_interval_s: float = 5.0,
         events: bool = True,
-        event_wait_ms: int = 200,
+        event_wait_ms: int = 500,  # each timeout costs an exception: 2 wakeups per second, close within 0.5 s
         gpm: bool = True,
         describer: ProcessDescriber | None = None,
         reinit_backoff_s: tuple[float, float] = (1.0, 60.0),

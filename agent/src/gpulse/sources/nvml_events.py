@@ -94,7 +94,7 @@ class EventWatcher:
         gpus: list[tuple[int, Any]],
         emit: Callable[[Reading], None],
         count_error: Callable[[int], None],
-        wait_ms: int = 200,
+        wait_ms: int = 500,
     ) -> None:
         self.nvml = nvml
         self.emit = emit
