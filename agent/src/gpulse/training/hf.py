@@ -97,9 +97,7 @@ class GpulseCallback(TrainerCallback):
         run = self.run
         if run is None:
             return
-        if self._idle_since:
-            run.add_data_wait(perf_counter_ns() - self._idle_since)
-        run.begin_step()
+        run.begin_step(self._idle_since)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.run is not None:

@@ -50,9 +50,7 @@ class GpulseLightningCallback(Callback):
         run = self.run
         if run is None:
             return
-        if self._idle_since:
-            run.add_data_wait(perf_counter_ns() - self._idle_since)
-        run.begin_step()
+        run.begin_step(self._idle_since)
         run.enter_phase("forward")
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:

@@ -330,8 +330,13 @@ class Run:
         """
         self._logs.update(scalars)
 
-    def begin_step(self) -> None:
-        """Start a step (for integrations that cannot use ``with run.step()``)."""
+    def begin_step(self, idle_since_ns: int = 0) -> None:
+        """Start a step (for integrations that cannot use ``with run.step()``).
+
+        ``idle_since_ns`` (``perf_counter_ns``) is when the loop last finished its own work, e.g. the
+        previous step's end: the gap until now is the time spent waiting for the batch (data wait)."""
+        if idle_since_ns:
+            self.add_data_wait(perf_counter_ns() - idle_since_ns)
         last = self._last
         if last is not None:
             self._hand_over(last)
