@@ -55,6 +55,7 @@ def test_every_point_reaches_influxdb_exactly_and_the_token_stays_secret(
     assert rc == 0
     summary = agent.summary()
     assert summary["reason"] == "SIGTERM"
+    print(f"normal run: {summary['lines_submitted']} lines submitted, {summary['lines_written']} written")
     assert_counts_match(influxdb, summary)
     assert_no_gaps(gpu_timestamps(influxdb), summary["cycles_skipped"])
     assert token not in agent.stderr and "Sup3r" not in agent.stderr
@@ -156,5 +157,8 @@ def test_a_tiny_spool_fills_up_and_the_agent_keeps_running_and_counts_drops(
     assert summary["lines_spooled"] == summary["lines_submitted"]  # every line reached the spool ...
     assert summary["lines_spooled"] > summary["lines_dropped"]  # ... which kept the newest and dropped the oldest
     size = sum(f.stat().st_size for f in spool.rglob("*") if f.is_file())
+    print(
+        f"tiny spool: {summary['lines_spooled']} lines spooled, {summary['lines_dropped']} dropped, {size} bytes on disk"
+    )
     assert size <= 64 * 1024 + 16 * 1024, f"spool holds {size} bytes, over its 64 KiB cap"
     assert all(os.stat(d).st_mode & 0o077 == 0 for d in [spool, *spool.iterdir()] if d.is_dir())
