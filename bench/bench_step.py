@@ -25,7 +25,7 @@ from common import Table, scale
 
 from gpulse.training import Run
 
-WORK_S = 0.0002  # per-step stand-in for waiting on the GPU
+WORK_S = 0.001  # per-step stand-in for waiting on the GPU (a fast step: real ones take 0.1-10 s)
 
 
 def _clocks() -> tuple[int, int, int]:
@@ -85,7 +85,7 @@ def overhead_us(socket_path: str, out: Path, steps: int, reps: int) -> dict[str,
 
 
 def run(table: Table) -> dict[str, float]:
-    steps, reps = scale(4_000, 500), scale(7, 2)
+    steps, reps = scale(2_000, 300), scale(7, 2)
     sync_calls = 0
     try:
         import torch
