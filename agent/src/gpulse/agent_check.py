@@ -99,7 +99,8 @@ def check_v1(conn: Connection) -> tuple[bool, str]:
             return False, str(e)
         if conn.retention_policy not in rps:
             return False, f"retention policy {conn.retention_policy!r} does not exist on {conn.database!r}"
-    return True, f"database {conn.bucket!r} exists, credentials accepted {who}"
+    creds = f"credentials accepted {who}" if conn.token else "the server asks for no credentials"
+    return True, f"database {conn.bucket!r} exists, {creds}"
 
 
 def check_v2(conn: Connection) -> tuple[bool, str]:
