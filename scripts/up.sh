@@ -3,8 +3,7 @@
 #
 #   scripts/up.sh        (make up)   .env + secrets on first run, the agent's virtualenv, then
 #       Docker engine  -> docker compose up -d --wait (its one-shot `setup` service runs `gpulse setup`
-#                         with the admin token), `gpulse setup` again from here (idempotent), then the
-#                         agent in the foreground with its status line;
+#                         with the admin token), then the agent in the foreground with its status line;
 #       no Docker      -> the agent records locally (--record), viewable with `gpulse report`,
 #                         uploadable with `gpulse upload`; and how to use an existing InfluxDB instead;
 #       no NVIDIA GPU  -> one sentence, and the agent runs 8 simulated GPUs (`make demo` tells a story).
@@ -91,9 +90,6 @@ fi
 
 if docker_engine; then
   start_stack
-  # Idempotent: the compose `setup` service already ran it; this says so from the host (and repairs
-  # buckets, tiers and tasks should that one-shot container have failed).
-  "$PY" -m gpulse setup --url "$influx_url" --token-file "$TOKEN_FILE" --quiet
   say "the agent follows (Ctrl-C stops it; the stack keeps running, \`make down\` stops it)"
   exec "$PY" -m gpulse agent --url "$influx_url" --token-file "$TOKEN_FILE" "${agent_args[@]}"
 fi
