@@ -1,4 +1,4 @@
-"""The wire format of the training channel (see ``/work/coord/CHANNEL.md`` and ``docs/training.md``).
+"""The wire format of the training channel (see ``docs/channel.md`` and ``docs/training.md``).
 
 Both sides import this module: the training client (``gpulse.training.client``) builds and
 sends messages with it, the agent's receiver (``gpulse.sources.training``) decodes them. It is
