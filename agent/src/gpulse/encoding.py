@@ -14,10 +14,12 @@ Rules (InfluxDB 1.x and 2.x agree on them):
 * lone surrogates (possible in Python ``str``, impossible in UTF-8) become U+FFFD;
 * tag values: ``,``, ``=`` and space are escaped; a backslash directly before one of those or
   at the end of the value cannot be represented by InfluxDB's parser and becomes ``/``;
-  an empty tag value means the tag is omitted;
+  an empty tag value means the tag is omitted (a backslash before ``"`` is stored as written);
+* measurement names: ``,`` and space are escaped (``=`` is literal); InfluxDB still reads ``\\=``
+  as an escape there, so a backslash before ``,``, ``=``, space, or at the end becomes ``/`` too;
 * string field values escape ``"`` and ``\\`` and round-trip exactly.
 
-``tests/test_encoding_roundtrip.py`` checks these rules against a real InfluxDB (hypothesis).
+``agent/tests/test_encoding_roundtrip.py`` checks these rules against a real InfluxDB (hypothesis).
 """
 
 from __future__ import annotations
