@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +50,6 @@ class AgentProc:
             if line.startswith('{"final"'):
                 return json.loads(line)["final"]
         raise AssertionError(f"no final summary in the agent's stderr:\n{self.stderr[-3000:]}")
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition", every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def points_in(server: InfluxDB1, measurement: str, where: str = "") -> int:

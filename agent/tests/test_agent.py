@@ -21,8 +21,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from agentproc import AgentProc, wait_until
+from agentproc import AgentProc
 from support.fixtures import gpulse_cmd
+from support.waiting import wait_until
 
 from gpulse.agent import Agent
 from gpulse.commands import agent as agent_cmd

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from support.fake_influx_v2 import FakeInfluxV2
 from support.influxd import free_port
+from support.waiting import wait_until
 
 from gpulse import spool as spool_mod
 from gpulse.connection import ConfigError, Connection
@@ -42,10 +43,7 @@ def v2(url: str) -> InfluxV2Sink:
 
 
 def wait_for(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not met in time"
-        time.sleep(0.01)
+    wait_until(cond, timeout, every=0.01)
 
 
 @pytest.fixture

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from agentproc import AgentProc, wait_until
+from agentproc import AgentProc
 from support.fixtures import gpulse_cmd
 from support.influxd import free_port
+from support.waiting import wait_until
 
 from gpulse.lineparse import read_lines
 from gpulse.training import Run, protocol

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from agentproc import AgentProc, agent_args, gpu_timestamps, points_in, wait_until
+from agentproc import AgentProc, agent_args, gpu_timestamps, points_in
 from support.influxd import InfluxDB1, free_port
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.influxdb, pytest.mark.slow]
 

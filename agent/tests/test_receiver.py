@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.waiting import eventually
 
 from gpulse.lineparse import parse_line
 from gpulse.sources import training as receiver_mod
@@ -68,12 +69,7 @@ class Client:
 
 
 def wait_for(cond, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
+    return eventually(cond, timeout, every=0.01)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.fake_influx_v2 import FakeInfluxV2
+from support.waiting import wait_until
 
 from gpulse.delivery import Delivery
 from gpulse.retry import RetryPolicy
@@ -52,10 +53,7 @@ def dead_letters(tmp_path: Path) -> list[str]:
 
 
 def wait_for(cond, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not met in time"
-        time.sleep(0.01)
+    wait_until(cond, timeout, every=0.01)
 
 
 def test_batches_arrive_in_order_gzipped_with_token_org_bucket_and_ns_precision(fake, tmp_path):

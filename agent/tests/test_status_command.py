@@ -8,8 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from agentproc import AgentProc, wait_until
+from agentproc import AgentProc
 from support.fixtures import gpulse_cmd
+from support.waiting import wait_until
 
 from gpulse.commands.status import AgentUnreachable, query_status, render
 

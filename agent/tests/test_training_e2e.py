@@ -10,8 +10,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-from agentproc import AgentProc, agent_args, points_in, wait_until
+from agentproc import AgentProc, agent_args, points_in
 from support.fixtures import gpulse_cmd
+from support.waiting import wait_until
 
 from gpulse.training import Run
 from gpulse.training.client import RECORD_FILE

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+
+from support.waiting import eventually
 
 from gpulse.lineparse import Point, parse_line, read_lines
 from gpulse.sources.training import TrainingReceiver
@@ -54,9 +55,4 @@ def recorded(path: Path, measurement: str | None = None) -> list[Point]:
 
 
 def wait_for(cond, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
+    return eventually(cond, timeout, every=0.02)
