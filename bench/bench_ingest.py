@@ -62,17 +62,15 @@ def _sender(path: str, sender: int, n: int, ready: mp.Barrier) -> None:  # type:
     s.close()
 
 
-def _run_senders(path: str, per_sender: int) -> float:
-    """Start the senders, return the monotonic time of the first send (all start together)."""
+def _run_senders(path: str, per_sender: int) -> tuple[float, list[mp.Process]]:
+    """Start the senders; return the monotonic time of the first send (all start together) and them."""
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(SENDERS + 1)
     procs = [ctx.Process(target=_sender, args=(path, i, per_sender, barrier)) for i in range(SENDERS)]
     for p in procs:
         p.start()
     barrier.wait()
-    t0 = time.monotonic()
-    _run_senders.procs = procs  # type: ignore[attr-defined]
-    return t0
+    return time.monotonic(), procs
 
 
 def _drain_baseline(tmp: Path, per_sender: int) -> float:
@@ -88,10 +86,10 @@ def _drain_baseline(tmp: Path, per_sender: int) -> float:
         for _ in range(expected):
             r.recv(1 << 17)
         os._exit(0)
-    t0 = _run_senders(path, per_sender)
+    t0, procs = _run_senders(path, per_sender)
     os.waitpid(pid, 0)
     dt = time.monotonic() - t0
-    for p in _run_senders.procs:  # type: ignore[attr-defined]
+    for p in procs:
         p.join()
     r.close()
     return total / dt
@@ -111,7 +109,7 @@ def _agent_rate(tmp: Path, per_sender: int) -> tuple[float, int]:
         while not os.path.exists(sock) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)
-        t0 = _run_senders(sock, per_sender)
+        t0, procs = _run_senders(sock, per_sender)
         received = 0
         while time.monotonic() - t0 < 300:
             received = int(query_status(sock, timeout=5).get("records_received") or 0)
@@ -119,7 +117,7 @@ def _agent_rate(tmp: Path, per_sender: int) -> tuple[float, int]:
                 break
             time.sleep(0.05)
         dt = time.monotonic() - t0
-        for p in _run_senders.procs:  # type: ignore[attr-defined]
+        for p in procs:
             p.join()
         rejected = int(query_status(sock, timeout=5).get("records_rejected") or 0)
     finally:
