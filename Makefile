@@ -50,8 +50,8 @@ format: $(STAMP)
 generate: $(STAMP)
 	$(PY) -m gpulse schema > docs/schema.md
 	$(PY) -m gpulse.report.diagnose > docs/report.md
-	$(PY) -m gpulse.configdoc > docs/configuration.md
-	$(PY) -m gpulse.downsample --write influxdb
+	$(PY) -m gpulse.cli.configdoc > docs/configuration.md
+	$(PY) -m gpulse.influx.downsample --write influxdb
 	$(PY) -m gpulse.dashboards .
 
 bench: $(STAMP)

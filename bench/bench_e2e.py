@@ -18,8 +18,8 @@ from pathlib import Path
 from common import Table, scale
 from support.influxd import InfluxDB1
 
-from gpulse.delivery import Delivery
-from gpulse.encoding import Encoder
+from gpulse.delivery.pipeline import Delivery
+from gpulse.lineprotocol.encode import Encoder
 from gpulse.sinks.influx_v1 import InfluxV1Sink
 from gpulse.sources.simulated import SimulatedSource
 

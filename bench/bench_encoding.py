@@ -10,7 +10,7 @@ import time
 
 from common import Table, median_of, scale
 
-from gpulse.encoding import Encoder
+from gpulse.lineprotocol.encode import Encoder
 from gpulse.sources.simulated import SimulatedSource
 
 

@@ -35,7 +35,7 @@ def run(table: Table) -> dict[str, float]:
         [
             sys.executable,
             "-c",
-            "import sys, gpulse.training; print(sorted(m for m in ('torch','influxdb_client','numpy','gpulse.encoding') if m in sys.modules))",
+            "import sys, gpulse.training; print(sorted(m for m in ('torch','influxdb_client','numpy','gpulse.lineprotocol.encode') if m in sys.modules))",
         ],
         capture_output=True,
         text=True,

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from common import Table, scale
 
-from gpulse.commands.status import query_status
-from gpulse.training import protocol
+from gpulse.channel import protocol
+from gpulse.cli.commands.status import query_status
 
 SENDERS = 3
 

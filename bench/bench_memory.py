@@ -26,9 +26,9 @@ from support.influxd import InfluxDB1
 _CHILD = r"""
 import argparse, json, os, sys, time, threading
 sys.path.insert(0, {tests!r})
-from gpulse.commands import agent as cmd
-from gpulse.config import load_config
-from gpulse.agent import Agent
+from gpulse.cli.commands import agent as cmd
+from gpulse.agent.config import load_config
+from gpulse.agent.loop import Agent
 def rss():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) / 1024 for l in f if l.startswith("VmRSS:"))
@@ -80,7 +80,7 @@ run.finish()
 """
 
 _BARE = (
-    "import gpulse.agent, gpulse.delivery, gpulse.sources.simulated, gpulse.sources.training; "
+    "import gpulse.agent.loop, gpulse.delivery.pipeline, gpulse.sources.simulated, gpulse.sources.training; "
     "print(next(int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmRSS:')))"
 )
 

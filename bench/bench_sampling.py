@@ -37,9 +37,9 @@ def wrap(fn):
     return timed
 for name in FakeNvml.FUNCTIONS:
     setattr(pynvml, name, wrap(getattr(pynvml, name)))
-from gpulse.commands import agent as cmd
-from gpulse.config import load_config
-from gpulse.agent import Agent
+from gpulse.cli.commands import agent as cmd
+from gpulse.agent.config import load_config
+from gpulse.agent.loop import Agent
 p = argparse.ArgumentParser(); cmd.add_arguments(p)
 args = p.parse_args(["--url", {url!r}, "--api", "v1", "--bucket", "gpulse", "--no-socket", "--interval", "{interval}", "--duration", "{duration}",
                      "--spool-dir", {spool!r}, "--host", "bench"])

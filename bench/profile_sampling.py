@@ -18,11 +18,11 @@ from common import scale
 from support.fake_pynvml import FakeNvml, fake_h100_node
 from support.influxd import InfluxDB1
 
-from gpulse.agent import Agent
-from gpulse.commands import agent as cmd
-from gpulse.config import load_config
-from gpulse.encoding import Encoder
-from gpulse.sources.nvml import NvmlSource
+from gpulse.agent.config import load_config
+from gpulse.agent.loop import Agent
+from gpulse.cli.commands import agent as cmd
+from gpulse.lineprotocol.encode import Encoder
+from gpulse.sources.nvml.source import NvmlSource
 
 
 def thread_cpu_ns() -> dict[str, int]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulse.dashboards.influxql import Variable, interpolate
-from gpulse.downsample import TIERS, task_name
+from gpulse.influx.downsample import TIERS, task_name
 
 RANGE = "now-3h"
 

@@ -127,7 +127,7 @@ def summarize(
     int,
 ]:
     """Field values seen per measurement, point counts, gpu_info rows, bad lines."""
-    from gpulse.lineparse import LineError, read_lines
+    from gpulse.lineprotocol.parse import LineError, read_lines
 
     seen: dict[str, dict[str, list[float | str]]] = defaultdict(lambda: defaultdict(list))
     counts: dict[str, int] = defaultdict(int)

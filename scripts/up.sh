@@ -32,7 +32,7 @@ fi
 
 # 2. settings for this machine, and the secrets (first run only; never overwritten, never printed)
 if [ ! -f .env ]; then
-  socket_dir=$("$PY" -c 'import os; from gpulse.training.protocol import default_socket_path as p; print(os.path.dirname(p()))')
+  socket_dir=$("$PY" -c 'import os; from gpulse.channel.protocol import default_socket_path as p; print(os.path.dirname(p()))')
   docker_gid=$(stat -c %g /var/run/docker.sock 2>/dev/null || echo 999)
   sed -e "s|^GPULSE_UID=.*|GPULSE_UID=$(id -u)|" \
     -e "s|^GPULSE_GID=.*|GPULSE_GID=$(id -g)|" \

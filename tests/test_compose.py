@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.fixtures import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
 SECRETS = {"influxdb-admin-password", "influxdb-admin-token", "grafana-admin-password", "grafana-influx-token"}
 
@@ -144,7 +144,7 @@ def _parse(module: str, command: list[str]) -> argparse.Namespace:
     import importlib
 
     parser = argparse.ArgumentParser(exit_on_error=False)
-    importlib.import_module(f"gpulse.commands.{module}").add_arguments(parser)
+    importlib.import_module(f"gpulse.cli.commands.{module}").add_arguments(parser)
     return parser.parse_args([interpolate(a) for a in command])
 
 

@@ -13,10 +13,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.fixtures import REPO
 
-from gpulse.downsample import TIERS, flux_query, flux_task
+from gpulse.influx.downsample import TIERS, flux_query, flux_task
 
-REPO = Path(__file__).resolve().parents[1]
 HARNESS = REPO / "tests" / "flux"
 PACKAGE = HARNESS / "node_modules" / "@influxdata" / "flux-lsp-browser" / "package.json"
 

@@ -14,7 +14,7 @@ What stands in for what a reader has:
   by a ``sitecustomize`` module in every Python process the blocks start;
 * ms-swift (not installed: it pulls modelscope) -> a ``swift`` command that does what ``swift sft``
   does with ``--external_plugins``/``--callbacks`` (ms-swift 4.6.0's plugin import and
-  ``callbacks_map`` lookup, from agent/tests/test_training_hf.py) and trains the tiny model of
+  ``callbacks_map`` lookup, from agent/tests/training/test_training_hf.py) and trains the tiny model of
   that test instead of downloading the one named;
 * the training snippets talk to a real ``gpulse agent`` (simulated GPUs) that writes to the same
   InfluxDB; each must leave a new run with its steps there.
@@ -33,12 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.fixtures import gpulse_cmd
+from support.fixtures import REPO, gpulse_cmd
 from support.influxd import InfluxDB1
 
 pytestmark = pytest.mark.influxdb
 
-REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 _FENCE = re.compile(r"^```(?P<lang>\w+)(?P<info>[^\n]*)\n(?P<body>.*?)^```\s*$", re.S | re.M)
 
@@ -82,7 +81,7 @@ SWIFT = """\
 #!{python}
 \"\"\"Stand-in for ms-swift's `swift sft`: --external_plugins and --callbacks as ms-swift 4.6.0 handles them.\"\"\"
 import argparse, pathlib, sys, tempfile
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {tests!r} + "/training"]
 from test_training_hf import SWIFT_CALLBACKS, SlowTokens, SwiftLikeTrainer, import_external_file, tiny_model, training_args
 
 pkg = pathlib.Path(tempfile.mkdtemp()) / "swift"
@@ -162,8 +161,8 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 def _rows(reader: dict, q: str) -> list[dict]:
     """InfluxQL as the admin, through gpulse's own client (Basic auth, as every gpulse command sends it)."""
-    from gpulse.connection import Connection
-    from gpulse.query import InfluxQL
+    from gpulse.influx.connection import Connection
+    from gpulse.influx.query import InfluxQL
 
     user, password = reader["creds"]
     return InfluxQL(Connection(url=reader["server"].url, api="v1", token=f"{user}:{password}")).rows(q)
@@ -171,7 +170,7 @@ def _rows(reader: dict, q: str) -> list[dict]:
 
 def _runs(reader: dict) -> set[str]:
     """The run ids with steps in the database (none before the README's setup block created it)."""
-    from gpulse.query import QueryError
+    from gpulse.influx.query import QueryError
 
     try:
         return {row["value"] for row in _rows(reader, 'SHOW TAG VALUES FROM "train_step" WITH KEY = "run"')}
@@ -196,7 +195,7 @@ def test_a_readme_block_runs(reader: dict, block: Block) -> None:
     work, env = reader["work"], dict(reader["env"])
     if block.lang == "toml":
         (work / "gpulse.toml").write_text(block.body)
-        from gpulse.config import load_toml
+        from gpulse.agent.config import load_toml
 
         load_toml(work / "gpulse.toml")  # every key exists and the token is not in it
         return

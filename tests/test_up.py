@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from support.fake_influx_v2 import FakeInfluxV2
 
-from gpulse.lineparse import read_lines
+from gpulse.lineprotocol.parse import read_lines
 
 SECRETS = ("influxdb-admin-password", "influxdb-admin-token", "grafana-admin-password", "grafana-influx-token")
 NO_ENGINE = """#!/usr/bin/env bash

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
+
+from support.fixtures import REPO
 
 from gpulse import schema
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_docs_schema_md_is_generated_from_the_schema_module():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from support.waiting import eventually
 
-from gpulse.lineparse import Point, parse_line, read_lines
+from gpulse.lineprotocol.parse import Point, parse_line, read_lines
 from gpulse.sources.training import TrainingReceiver
 
 

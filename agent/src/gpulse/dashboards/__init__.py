@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import agent_health, alerts, history, node, training
-from .builder import DATASOURCE_UID, Dashboard
+from gpulse.dashboards import agent_health, alerts, history, node, training
+from gpulse.dashboards.builder import DATASOURCE_UID, Dashboard
 
 __all__ = ["ALERTS_PATH", "DASHBOARDS_DIR", "DATASOURCE_UID", "DOCS_PATH", "check", "dashboards", "rendered", "write"]
 
@@ -39,7 +39,7 @@ def render_alerts() -> str:
 
 def rendered() -> dict[str, str]:
     """Every generated file: path relative to the repository root -> content."""
-    from .docs import render_markdown
+    from gpulse.dashboards.docs import render_markdown
 
     ds = dashboards()
     out = {f"{DASHBOARDS_DIR}/{d.path}": render_json(d.to_json()) for d in ds}

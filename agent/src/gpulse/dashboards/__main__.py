@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import check, write
+from gpulse.dashboards import check, write
 
 
 def main(argv: list[str] | None = None) -> int:

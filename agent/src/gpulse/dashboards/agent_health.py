@@ -6,8 +6,8 @@ Counters in ``agent`` count since the agent started, so rates use ``non_negative
 
 from __future__ import annotations
 
-from ..schema import NVML_ERROR_KINDS
-from .builder import Dashboard, Query, stat, timeseries
+from gpulse.dashboards.builder import Dashboard, Query, stat, timeseries
+from gpulse.schema import NVML_ERROR_KINDS
 
 WHERE = '"host" =~ /^$host$/ AND $timeFilter'
 BY_HOST = 'GROUP BY time($__interval), "host" fill(none)'

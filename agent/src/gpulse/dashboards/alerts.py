@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .builder import DATASOURCE_UID
+from gpulse.dashboards.builder import DATASOURCE_UID
 
 EXPR_UID = "__expr__"
 FOLDER = "gpulse alerts"

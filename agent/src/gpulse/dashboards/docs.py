@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .builder import Dashboard
-from .influxql import references
+from gpulse.dashboards.builder import Dashboard
+from gpulse.dashboards.influxql import references
 
 
 def _sources(queries: list[str]) -> str:

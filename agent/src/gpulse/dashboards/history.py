@@ -9,7 +9,7 @@ an hour was monitored for that hour.
 
 from __future__ import annotations
 
-from .builder import Dashboard, Query, table, timeseries
+from gpulse.dashboards.builder import Dashboard, Query, table, timeseries
 
 HOURLY = '"gpulse"."1h"'
 MINUTE = '"gpulse"."1m"'

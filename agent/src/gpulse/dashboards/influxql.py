@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..schema import DOWNSAMPLE_SUFFIXES, MEASUREMENTS
+from gpulse.schema import DOWNSAMPLE_SUFFIXES, MEASUREMENTS
 
 #: Retention policies the setup creates: raw (default) and the downsampled ones.
 DOWNSAMPLED_RPS = ("1m", "1h")

@@ -6,8 +6,8 @@ kernel reads 100 % busy; the gap between the two is the first thing to look at.
 
 from __future__ import annotations
 
-from ..schema import CLOCK_EVENT_FLAGS, THROTTLE_MASK
-from .builder import Dashboard, Query, bargauge, stat, table, timeseries
+from gpulse.dashboards.builder import Dashboard, Query, bargauge, stat, table, timeseries
+from gpulse.schema import CLOCK_EVENT_FLAGS, THROTTLE_MASK
 
 SEL = '"host" =~ /^$host$/ AND "gpu" =~ /^$gpu$/'
 WHERE = f"{SEL} AND $timeFilter"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .builder import Dashboard, Query, bargauge, stat, table, timeseries
+from gpulse.dashboards.builder import Dashboard, Query, bargauge, stat, table, timeseries
 
 SEL = '"run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/ AND "rank" =~ /^$rank$/'
 WHERE = f"{SEL} AND $timeFilter"

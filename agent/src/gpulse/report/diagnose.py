@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..connection import ConfigError
+from gpulse.influx.connection import ConfigError
 
 
 @dataclass(frozen=True)

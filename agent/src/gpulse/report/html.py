@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from .model import GIB, PHASES, gpu_key, group_by, num, rank_key, step_end_ns
+from gpulse.report.model import GIB, PHASES, gpu_key, group_by, num, rank_key, step_end_ns
 
 Row = Mapping[str, Any]
 W, H = 860, 260

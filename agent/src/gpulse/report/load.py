@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..lineparse import LineError, read_lines
-from ..query import InfluxQL, quote_ident, quote_string
-from .model import step_end_ns, step_start_ns
+from gpulse.influx.query import InfluxQL, quote_ident, quote_string
+from gpulse.lineprotocol.parse import LineError, read_lines
+from gpulse.report.model import step_end_ns, step_start_ns
 
 Row = dict[str, Any]
 TRAIN_MEASUREMENTS = ("train_step", "train_run", "train_event")

@@ -27,8 +27,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..schema import CLOCK_EVENT_FLAGS, THROTTLE_MASK
-from .diagnose import diagnose, resolve_thresholds
+from gpulse.report.diagnose import diagnose, resolve_thresholds
+from gpulse.schema import CLOCK_EVENT_FLAGS, THROTTLE_MASK
 
 Row = Mapping[str, Any]
 GIB = float(2**30)

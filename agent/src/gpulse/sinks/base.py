@@ -6,7 +6,7 @@ import abc
 import gzip
 from collections.abc import Sequence
 
-from ..retry import ErrorKind, WriteError
+from gpulse.sinks.errors import ErrorKind, WriteError
 
 __all__ = ["ErrorKind", "Sink", "WriteError", "encode_body", "gzip_body"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..connection import ConfigError, Connection
-from .base import Sink
-from .record import RecordSink
+from gpulse.influx.connection import ConfigError, Connection
+from gpulse.sinks.base import Sink
+from gpulse.sinks.record import RecordSink
 
 
 def build_sinks(conn: Connection | None, record_path: str | None) -> list[Sink]:
@@ -12,7 +12,7 @@ def build_sinks(conn: Connection | None, record_path: str | None) -> list[Sink]:
     sinks: list[Sink] = []
     if conn is not None and conn.url:
         if conn.api == "v1":
-            from .influx_v1 import InfluxV1Sink
+            from gpulse.sinks.influx_v1 import InfluxV1Sink
 
             sinks.append(
                 InfluxV1Sink(
@@ -25,7 +25,7 @@ def build_sinks(conn: Connection | None, record_path: str | None) -> list[Sink]:
                 )
             )
         else:
-            from .influx_v2 import InfluxV2Sink
+            from gpulse.sinks.influx_v2 import InfluxV2Sink
 
             sinks.append(
                 InfluxV2Sink(

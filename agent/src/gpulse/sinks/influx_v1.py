@@ -11,8 +11,8 @@ import ssl
 import urllib.parse
 from collections.abc import Sequence
 
-from ..retry import classify_http
-from .base import ErrorKind, Sink, WriteError, encode_body, gzip_body
+from gpulse.sinks.base import ErrorKind, Sink, WriteError, encode_body, gzip_body
+from gpulse.sinks.errors import classify_http
 
 
 class InfluxV1Sink(Sink):

@@ -15,8 +15,8 @@ from influxdb_client import InfluxDBClient, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
 
-from ..retry import classify_http
-from .base import ErrorKind, Sink, WriteError, encode_body
+from gpulse.sinks.base import ErrorKind, Sink, WriteError, encode_body
+from gpulse.sinks.errors import classify_http
 
 
 class InfluxV2Sink(Sink):

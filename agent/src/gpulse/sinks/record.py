@@ -11,8 +11,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..spool import write_all
-from .base import ErrorKind, Sink, WriteError, encode_body
+from gpulse.sinks.base import ErrorKind, Sink, WriteError, encode_body
+from gpulse.util.files import write_all
 
 
 class RecordSink(Sink):

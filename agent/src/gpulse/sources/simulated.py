@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import schema
-from .base import GpuIdentity, GpuSource, Reading
+from gpulse import schema
+from gpulse.sources.base import GpuIdentity, GpuSource, Reading
 
 NS = 1_000_000_000
 PHASES = ("idle", "busy", "starved", "throttled", "straggler")

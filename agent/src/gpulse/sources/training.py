@@ -1,7 +1,7 @@
 """The agent's end of the training channel: a thread reading datagrams from a Unix socket.
 
 Training processes (``gpulse.training``) send ``point`` / ``register`` / ``unregister`` / ``status``
-messages (``gpulse.training.protocol``). Each message is validated (:mod:`gpulse.validate`), valid
+messages (``gpulse.channel.protocol``). Each message is validated (:mod:`gpulse.channel.validate`), valid
 points are tagged with ``host``, encoded and handed to ``submit`` — the same delivery path as the
 GPU samples — and each client gets ``ack`` messages once its points are durable, so it can forget
 them. Malformed input is counted by cause, logged once per cause, and never stops the thread.
@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..encoding import Encoder, Series
-from ..training import protocol
-from ..validate import PointMsg, RegisterMsg, Rejected, StatusMsg, Validator
+from gpulse.channel import protocol
+from gpulse.channel.validate import PointMsg, RegisterMsg, Rejected, StatusMsg, Validator
+from gpulse.lineprotocol.encode import Encoder, Series
 
 log = logging.getLogger("gpulse.training_channel")
 

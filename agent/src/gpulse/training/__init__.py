@@ -3,11 +3,11 @@
 ``from gpulse.training import Run`` imports only the standard library: torch is looked up in
 ``sys.modules`` when needed (never imported here), the line-protocol encoder only when a recording
 file must be written, and framework integrations live in their own modules
-(``gpulse.training.hf``, ``.lightning``, ``.swift``, ``.comm``).
+(``gpulse.training.integrations.hf``, ``.lightning``, ``.swift``, ``.comm``).
 """
 
 from __future__ import annotations
 
-from .run import Run
+from gpulse.training.run import Run
 
 __all__ = ["Run"]

@@ -18,8 +18,8 @@ import time
 from collections import deque
 from typing import Any
 
-from . import protocol
-from .errors import Guard
+from gpulse.channel import protocol
+from gpulse.training.errors import Guard
 
 #: Send errors that mean "try again later" (the agent's queue is full).
 _RETRY_LATER = {errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.EINTR}
@@ -280,7 +280,7 @@ class Client:
             return
         try:
             if self._encoder is None:
-                from ..encoding import Encoder  # only now: the happy path never needs the encoder
+                from gpulse.lineprotocol.encode import Encoder  # only now: the happy path never needs the encoder
 
                 self._encoder = Encoder()
             enc = self._encoder

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import Guard
+from gpulse.training.errors import Guard
 
 _runs_created = 0
 

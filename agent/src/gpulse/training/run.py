@@ -21,11 +21,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from time import perf_counter_ns
 from typing import Any
 
-from . import protocol
-from .client import RECORD_FILE, Client
-from .errors import Guard
-from .identity import dist_identity, env_run_id, generate_run_id, initialized_dist, share_run_id
-from .timing import CudaTimer
+from gpulse.channel import protocol
+from gpulse.training.client import RECORD_FILE, Client
+from gpulse.training.errors import Guard
+from gpulse.training.identity import dist_identity, env_run_id, generate_run_id, initialized_dist, share_run_id
+from gpulse.training.timing import CudaTimer
 
 REPORT_FILE = "metrics_report.json"
 MAX_USER_TAGS = 8
@@ -501,7 +501,7 @@ class Run:
         if self._gpu_timing:
             self._timer = CudaTimer(torch)
         if self._track_memory:
-            from .memory import MemoryProbe
+            from gpulse.training.memory import MemoryProbe
 
             self._memory = MemoryProbe(torch, device)
         self._device = device
@@ -523,7 +523,7 @@ class Run:
             uuids.append(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
         self._uuids = uuids
         if self._peak is None:
-            from .flops import lookup_peak
+            from gpulse.training.flops import lookup_peak
 
             found = lookup_peak(torch.cuda.get_device_properties(self._device).name, self._dtype)
             if found is None:
@@ -550,7 +550,7 @@ class Run:
     def watch_model(self, model: Any, seq_len: int | None = None) -> None:
         """Derive FLOPs per token (MFU) from a model's parameter count and config."""
         try:
-            from .flops import from_model
+            from gpulse.training.flops import from_model
 
             self._flops_model = from_model(model, seq_len)
         except Exception as exc:
@@ -812,7 +812,7 @@ class Run:
         if not self._write_report or self.rank != 0:
             return
         try:
-            from ..report.model import build_report
+            from gpulse.report.model import build_report
 
             report = build_report(self._report.steps, [], self._report.runs, self._report.events, None)
             os.makedirs(self.output_dir, exist_ok=True)

@@ -1,0 +1,525 @@
+"""The agent loop: sample every GPU on a fixed grid, encode, hand lines to delivery; report on itself.
+
+Schedule. Ticks are multiples of the interval on the wall clock (so agents on different nodes
+sample at the same instants and Grafana's points line up), but the loop waits on the monotonic
+clock, so a wall-clock step never makes it sleep or spin. All GPUs of a cycle share the tick's
+timestamp. A cycle that would start late (the previous one overran, or the process was starved)
+is skipped and counted in ``cycles_skipped``: cycles never overlap and never bunch up to catch up.
+
+Hot path. Each GPU's :class:`~gpulse.lineprotocol.encode.Series` (escaped tag prefix) is built once and
+rebuilt only when the set of GPUs or the training-run registrations (``runs_version``) change,
+so a cycle is one ``collect`` call, one ``Encoder.line`` per reading and one ``submit``.
+
+Shutdown. SIGTERM/SIGINT stop sampling; what is buffered is delivered within
+``shutdown_timeout`` and the rest spooled (by :class:`~gpulse.delivery.pipeline.Delivery`), then one JSON
+line ``{"final": {...}}`` goes to stderr with exact counts (tests count points against it).
+SIGUSR1 asks for an immediate flush.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from gpulse import __version__
+from gpulse.agent.config import AgentConfig
+from gpulse.agent.status_line import StatusLine
+from gpulse.lineprotocol.encode import Encoder, Series
+from gpulse.schema import GPU_TAGS, MEASUREMENTS, NVML_ERROR_KINDS
+from gpulse.sources.base import GpuIdentity, GpuSource, SourceUnavailable
+from gpulse.util.ratelog import RateLimitedLog
+
+log = logging.getLogger("gpulse.agent")
+_rlog = RateLimitedLog(log)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_NO_DRIVER = 3
+
+#: Measurements tagged per GPU (host, gpu, uuid, model [, run]).
+GPU_MEASUREMENTS = tuple(m.name for m in MEASUREMENTS.values() if m.tags[: len(GPU_TAGS)] == GPU_TAGS)
+#: Wall-clock minus monotonic may drift this much before the schedule is re-aligned.
+_CLOCK_STEP_NS = 100_000_000
+
+
+def make_source(cfg: AgentConfig) -> GpuSource:
+    """Simulated GPUs with ``--simulate N``, else NVML (imported only then)."""
+    if cfg.simulate:
+        from gpulse.sources.simulated import SimulatedSource
+
+        return SimulatedSource(cfg.simulate, model=cfg.simulate_model, seed=cfg.seed)
+    from gpulse.sources.nvml.source import NvmlSource
+
+    return NvmlSource()
+
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+_malloc_trim = _libc_malloc_trim()
+
+
+def trim_heap() -> None:
+    """Hand freed heap memory back to the OS (glibc only), every self-metrics interval.
+
+    Request bodies (MBs while a backlog drains) are allocated and freed on the delivery and sink
+    threads, whose glibc arenas otherwise keep the freed pages: the agent's RSS would creep up to
+    its highest backlog and stay there. Costs ~0.1 ms every 10 s."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def process_cpu_s() -> float:
+    """User + system CPU time of this process, all threads (sampling, delivery, training channel)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def no_gpu_message(e: BaseException) -> str:
+    """The source's one sentence, with the way out if it does not give one."""
+    msg = str(e).strip().rstrip(".")
+    return msg + "." if "--simulate" in msg else f"{msg} (use --simulate N to run without a GPU)."
+
+
+class _Rate:
+    """Lines per second over the last ~10 s, from a counter sampled about once a second."""
+
+    def __init__(self, window: int = 10) -> None:
+        self.samples: deque[tuple[float, int]] = deque(maxlen=window + 1)
+
+    def add(self, now: float, count: int) -> None:
+        self.samples.append((now, count))
+
+    @property
+    def per_s(self) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        (t0, c0), (t1, c1) = self.samples[0], self.samples[-1]
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class Agent:
+    """One agent process: a GPU source, the training receiver, delivery, and the loop between them."""
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        source: GpuSource | None = None,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.source = source if source is not None else make_source(cfg)
+        self.stream = stream if stream is not None else sys.stderr
+        self._tty = tty
+        self.encoder = Encoder(precision="ns")
+        self.delivery: Any = None
+        self.receiver: Any = None
+        self.status_line: StatusLine | None = None
+        # counters (main thread writes; snapshot() reads them from the receiver thread)
+        self.samples = 0
+        self.cycles_skipped = 0
+        self.cycle_ms = 0.0
+        self.cycle_cpu_s = 0.0
+        self.loop_cpu_s = 0.0
+        self.points: dict[str, int] = {}
+        self.lines_submitted = 0
+        self.readings_unknown_gpu = 0
+        self.cycle_errors = 0
+        self.started_mono = time.monotonic()
+        self.started_unix = time.time()
+        self.stop_reason = ""
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._flush_requested = False
+        self._rate = _Rate()
+        # per-GPU series, rebuilt when GPUs or run registrations change
+        self._gpus: list[GpuIdentity] = []
+        self._runs: dict[str, str] = {}
+        self._runs_version = -1
+        self._series: dict[int, dict[str, Series]] = {}
+        self._base_tags: dict[int, dict[str, dict[str, str]]] = {}
+        self._agent_series = self.encoder.series("agent", {"host": cfg.host})
+
+    # -- control (signal handlers and tests) ------------------------------------------------------
+    def request_stop(self, reason: str = "stop requested") -> None:
+        if not self.stop_reason:
+            self.stop_reason = reason
+        self._stop.set()
+        self._wake.set()
+
+    def request_flush(self) -> None:
+        self._flush_requested = True
+        self._wake.set()
+
+    def _install_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_stop(signum: int, _frame: Any) -> None:
+            self.request_stop(signal.Signals(signum).name)
+
+        def on_usr1(_signum: int, _frame: Any) -> None:
+            self.request_flush()
+
+        old = {s: signal.signal(s, on_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, on_usr1)
+
+        def restore() -> None:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+        return restore
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until stopped (signal, ``--duration``); returns the process exit code."""
+        cfg = self.cfg
+        try:
+            self._gpus = list(self.source.open())
+        except SourceUnavailable as e:
+            print(f"gpulse agent: {no_gpu_message(e)}", file=self.stream)
+            return EXIT_NO_DRIVER
+        restore_signals = self._install_signals()
+        try:
+            try:
+                self._start_pipeline()
+            except OSError as e:  # e.g. a spool directory of another user, a record file we cannot open
+                print(f"gpulse agent: cannot start: {e}", file=self.stream)
+                self.stop_reason = "failed to start"
+                return EXIT_FAILURE
+            self._rebuild_series()
+            log.info("gpulse %s agent on %s: %d GPU(s); %s", __version__, cfg.host, len(self._gpus), cfg.describe())
+            self.status_line = StatusLine(self.snapshot, self.stream, tty=self._tty, log_every=cfg.status_interval)
+            cpu0 = process_cpu_s()
+            try:
+                self._loop()
+            finally:
+                self.loop_cpu_s = process_cpu_s() - cpu0
+        finally:
+            self._shutdown()
+            restore_signals()
+        return EXIT_OK
+
+    def _start_pipeline(self) -> None:
+        from gpulse.delivery.pipeline import Delivery, build_sinks
+
+        cfg = self.cfg
+        sinks = build_sinks(cfg.connection if cfg.connection.url else None, cfg.record)
+        self.delivery = Delivery(
+            sinks,
+            spool_dir=cfg.spool_dir,
+            spool_max_bytes=cfg.spool_max_bytes,
+            max_lines=cfg.max_lines,
+            max_bytes=cfg.max_bytes,
+            flush_interval=cfg.flush_interval,
+        )
+        self.delivery.start()
+        if not cfg.no_socket:
+            from gpulse.sources.training import TrainingReceiver
+
+            try:
+                self.receiver = TrainingReceiver(
+                    cfg.socket_path, cfg.host, self.delivery.submit, group=cfg.socket_group, status=self.snapshot
+                )
+                self.receiver.start()
+            except OSError as e:
+                # GPU sampling matters more than the channel: training clients fall back to their file.
+                log.error("training channel disabled: cannot open %s: %s", cfg.socket_path, e)
+                self.receiver = None
+
+    def _shutdown(self) -> None:
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.shutdown_timeout
+        if self.status_line is not None:
+            self.status_line.close()
+        if self.delivery is not None and self.receiver is not None:
+            # Give training clients their acks for what is already queued, then close the channel.
+            self.delivery.flush(min(1.0, cfg.shutdown_timeout / 2))
+        if self.receiver is not None:
+            self._safe(self.receiver.close)
+        if self.delivery is not None:
+            self._submit_self_metrics(time.time_ns())
+            self.delivery.close(max(0.1, deadline - time.monotonic()))
+        self._safe(self.source.close)
+        summary = self.summary()
+        print(json.dumps({"final": summary}, separators=(",", ":")), file=self.stream, flush=True)
+        log.info(
+            "stopped (%s): %d samples, %d lines written, %d spooled, %d dropped",
+            self.stop_reason or "done",
+            summary["samples"],
+            summary["lines_written"],
+            summary["lines_spooled"],
+            summary["lines_dropped"],
+        )
+
+    @staticmethod
+    def _safe(fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:  # shutdown must go on: the summary and the spool matter more
+            log.exception("error during shutdown")
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        cfg = self.cfg
+        interval_ns = round(cfg.interval * 1e9)
+        selfm_ns = round(cfg.self_metrics_interval * 1e9)
+        offset = time.time_ns() - time.monotonic_ns()  # wall = mono + offset
+        tick = (time.monotonic_ns() + offset) // interval_ns + 1  # next grid point, in intervals
+        end_mono = self.started_mono + cfg.duration if cfg.duration else None
+        next_selfm = 0  # wall ns of the next self-metrics point: the first cycle writes one
+        next_rate = time.monotonic()
+        thread_time = time.thread_time
+
+        while not self._stop.is_set():
+            due_mono_ns = tick * interval_ns - offset
+            wait_s = (due_mono_ns - time.monotonic_ns()) / 1e9
+            if end_mono is not None and time.monotonic() + max(wait_s, 0.0) >= end_mono:
+                self.request_stop("duration reached")
+                break
+            if wait_s > 0:
+                self._wake.wait(wait_s)
+                self._wake.clear()
+                if self._flush_requested:
+                    self._flush_requested = False
+                    self.delivery.flush(0)
+                continue  # re-check stop and the time left
+            # Due. If we woke up more than an interval late (starved, stopped), the missed ticks are skipped.
+            now_wall = time.monotonic_ns() + offset
+            late_ticks = (now_wall - tick * interval_ns) // interval_ns
+            if late_ticks > 0:
+                self.cycles_skipped += late_ticks
+                tick += late_ticks
+            ts = tick * interval_ns
+            t0, c0 = time.perf_counter(), thread_time()
+            try:
+                self._cycle(ts)
+            except Exception as e:  # a source or encoder bug costs this cycle, never the agent
+                self.cycle_errors += 1
+                _rlog.log(f"cycle-{type(e).__name__}", logging.ERROR, "sampling cycle failed (counted): %r", e)
+            self.cycle_cpu_s += thread_time() - c0
+            self.cycle_ms = (time.perf_counter() - t0) * 1e3
+            self.samples += 1
+            stepped = False
+            if ts >= next_selfm:
+                self._submit_self_metrics(ts)
+                next_selfm = (ts // selfm_ns + 1) * selfm_ns
+                new_offset = self._check_clock(offset)
+                stepped, offset = new_offset != offset, new_offset
+            # The next tick is the first grid point after this cycle ended: ticks it overran are skipped.
+            nxt = (time.monotonic_ns() + offset) // interval_ns + 1
+            if stepped:
+                tick, next_selfm = nxt, 0
+            else:
+                self.cycles_skipped += max(0, nxt - tick - 1)
+                tick = max(nxt, tick + 1)
+            now = time.monotonic()
+            if now >= next_rate:
+                next_rate = now + 1.0
+                self._rate.add(now, self._delivered())
+                if self.status_line is not None:
+                    self.status_line.tick()
+
+    def _check_clock(self, offset: int) -> int:
+        """Re-align the grid after a wall-clock step (NTP jump, suspend); never counted as skips."""
+        new = time.time_ns() - time.monotonic_ns()
+        if abs(new - offset) > _CLOCK_STEP_NS:
+            log.warning("wall clock stepped by %+.3f s; schedule re-aligned", (new - offset) / 1e9)
+            return new
+        return offset
+
+    def _cycle(self, ts: int) -> None:
+        readings = self.source.collect(ts)
+        if self.receiver is not None and self.receiver.runs_version != self._runs_version:
+            self._rebuild_series()
+        gpus = self.source.gpus
+        if gpus != self._gpus:
+            self._gpus = list(gpus)
+            self._rebuild_series()
+        series = self._series
+        points = self.points
+        line = self.encoder.line
+        lines: list[str] = []
+        for r in readings:
+            per = series.get(r.gpu)
+            if per is None:
+                self._unknown_gpu(r.gpu)
+                continue
+            if r.tags:
+                s = self.encoder.series(r.measurement, {**self._base_tags[r.gpu][r.measurement], **r.tags})
+            else:
+                s = per[r.measurement]
+            text = line(s, r.fields, r.ts_ns)
+            if text is not None:
+                lines.append(text)
+                points[r.measurement] = points.get(r.measurement, 0) + 1
+        if lines:
+            self.lines_submitted += len(lines)
+            self.delivery.submit(lines)
+
+    def _unknown_gpu(self, index: int) -> None:
+        self.readings_unknown_gpu += 1
+        if self.readings_unknown_gpu == 1:
+            log.warning("dropped a reading for GPU %d, which the source does not list (counted)", index)
+
+    def _rebuild_series(self) -> None:
+        runs: dict[str, str] = {}
+        if self.receiver is not None:
+            self._runs_version = self.receiver.runs_version
+            runs = dict(self.receiver.gpu_runs())
+        self._runs = runs
+        host = self.cfg.host
+        self._series, self._base_tags = {}, {}
+        for g in self._gpus:
+            base = {"host": host, "gpu": str(g.index), "uuid": g.uuid, "model": g.model}
+            run = runs.get(g.uuid)
+            tags_by_m: dict[str, dict[str, str]] = {}
+            for m in GPU_MEASUREMENTS:
+                tags = dict(base)
+                if run and "run" in MEASUREMENTS[m].optional_tags:
+                    tags["run"] = run
+                tags_by_m[m] = tags
+            self._base_tags[g.index] = tags_by_m
+            self._series[g.index] = {m: self.encoder.series(m, t) for m, t in tags_by_m.items()}
+
+    # -- self-metrics, status, summary ---------------------------------------------------------------
+    def _delivered(self) -> int:
+        return int(self.delivery.stats().get("lines_written", 0)) if self.delivery is not None else 0
+
+    def _receiver_stats(self) -> dict[str, Any]:
+        if self.receiver is None:
+            return {}
+        try:
+            return dict(self.receiver.stats())
+        except Exception:  # a broken receiver must not take the self-metrics down with it
+            log.exception("training receiver stats failed")
+            return {}
+
+    def _nonfinite_dropped(self, receiver_stats: dict[str, Any]) -> int:
+        """NaN/Inf values dropped: by this encoder (GPU readings) and by the training channel's validator."""
+        by_cause = receiver_stats.get("values_dropped_by_cause") or {}
+        return self.encoder.nonfinite_dropped + int(by_cause.get("nonfinite", 0))
+
+    def self_metrics(self) -> dict[str, Any]:
+        """The fields of one ``agent`` point (see ``gpulse.schema.AGENT``)."""
+        d = dict(self.delivery.stats()) if self.delivery is not None else {}
+        rs = self._receiver_stats()
+        fields: dict[str, Any] = {
+            "samples": self.samples,
+            "cycles_skipped": self.cycles_skipped,
+            "cycle_ms": self.cycle_ms,
+            "gpus": len(self._gpus),
+            "gpus_lost": len(self.source.lost()),
+            "values_dropped_nonfinite": self._nonfinite_dropped(rs),
+            "records_received": rs.get("records_received", 0),
+            "records_rejected": rs.get("records_rejected", 0),
+            "runs_registered": rs.get("runs_registered", 0),
+            "uptime_s": time.monotonic() - self.started_mono,
+        }
+        for k in (
+            "lines_written",
+            "lines_spooled",
+            "lines_replayed",
+            "lines_dropped",
+            "lines_rejected",
+            "spool_bytes",
+            "buffer_lines",
+            "write_latency_ms",
+            "last_write_age_s",
+        ):
+            fields[k] = d.get(k)
+        errors = dict.fromkeys(NVML_ERROR_KINDS, 0)
+        for kind, n in self.source.error_counts().items():
+            errors[kind if kind in errors else "other"] += n
+        for kind, n in errors.items():
+            fields[f"nvml_errors_{kind}"] = n
+        return fields
+
+    def _submit_self_metrics(self, ts: int) -> None:
+        trim_heap()
+        text = self.encoder.line(self._agent_series, self.self_metrics(), ts)
+        if text is not None:
+            self.points["agent"] = self.points.get("agent", 0) + 1
+            self.lines_submitted += 1
+            self.delivery.submit([text])
+
+    def snapshot(self) -> dict[str, Any]:
+        """The agent's state for ``gpulse status`` and the live status line (JSON-serialisable)."""
+        d = dict(self.delivery.stats()) if self.delivery is not None else {}
+        rs = self._receiver_stats()
+        lost = self.source.lost()
+        runs = dict(self._runs)
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "host": self.cfg.host,
+            "started_unix": round(self.started_unix, 3),
+            "uptime_s": round(time.monotonic() - self.started_mono, 3),
+            "interval_s": self.cfg.interval,
+            "source": f"simulated {self.cfg.simulate_model}" if self.cfg.simulate else "nvml",
+            "gpus": [
+                {"index": g.index, "uuid": g.uuid, "model": g.model, "lost": g.index in lost, "run": runs.get(g.uuid)}
+                for g in self._gpus
+            ],
+            "runs": runs,
+            "samples": self.samples,
+            "cycles_skipped": self.cycles_skipped,
+            "cycle_ms": round(self.cycle_ms, 3),
+            "lines_per_s": round(self._rate.per_s, 1),
+            "database": self.cfg.connection.describe() if self.cfg.connection.url else None,
+            "record": self.cfg.record,
+            "spool_dir": self.cfg.spool_dir,
+            "last_write_unix": d.get("last_write_unix"),
+            **{k: d.get(k) for k in ("lines_written", "lines_spooled", "lines_replayed", "lines_dropped")},
+            **{k: d.get(k) for k in ("lines_rejected", "spool_bytes", "buffer_lines", "last_write_age_s")},
+            "records_received": rs.get("records_received", 0),
+            "records_rejected": rs.get("records_rejected", 0),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The final counts, printed as ``{"final": ...}`` at exit."""
+        d = dict(self.delivery.stats()) if self.delivery is not None else {}
+        rs = self._receiver_stats()
+        n = self.samples
+        return {
+            "reason": self.stop_reason or "done",
+            "samples": self.samples,
+            "cycles_skipped": self.cycles_skipped,
+            "gpus": len(self._gpus),
+            "gpus_lost": len(self.source.lost()),
+            "points": dict(sorted(self.points.items())),
+            "lines_submitted": self.lines_submitted,
+            **{
+                k: d.get(k, 0)
+                for k in ("lines_written", "lines_spooled", "lines_replayed", "lines_dropped", "lines_rejected")
+            },
+            "spool_bytes": d.get("spool_bytes", 0),
+            "values_dropped_nonfinite": self._nonfinite_dropped(rs),
+            "readings_unknown_gpu": self.readings_unknown_gpu,
+            "cycle_errors": self.cycle_errors,
+            "records_received": rs.get("records_received", 0),
+            "records_rejected": rs.get("records_rejected", 0),
+            "uptime_s": round(time.monotonic() - self.started_mono, 3),
+            "cpu_s": round(process_cpu_s(), 3),  # everything, imports and shutdown included
+            # steady state: the whole process (all threads) while sampling, per cycle
+            "cpu_ms_per_cycle": round(self.loop_cpu_s * 1e3 / n, 3) if n else None,
+            # the sampling thread alone (collect + encode + submit), per cycle
+            "cycle_cpu_ms": round(self.cycle_cpu_s * 1e3 / n, 3) if n else None,
+        }

@@ -1,0 +1,206 @@
+"""``gpulse demo``: fill InfluxDB with a simulated 8-GPU node and an 8-rank training run of the last
+few hours (a healthy phase, a data-loading bottleneck, a straggling GPU, thermal throttling,
+checkpoints, an XID), downsample it once so the History dashboard has data, then print the Grafana
+links and the run's diagnosis.
+
+Without a database (``--record FILE`` and no ``--url``) the same points go to the file, and the
+report and its HTML page are built from it: the whole demo, locally. The scenario is in
+:mod:`gpulse.cli.demo`; the points travel through the agent's own sinks and retry policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from gpulse.influx.connection import DEFAULT_URL, ConfigError, add_connection_flags
+
+#: The admin token ``make up`` generates (see .env.example); the demo's default credentials.
+LOCAL_STACK_TOKEN_FILE = "secrets/influxdb-admin-token"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_connection_flags(parser)
+    parser.add_argument(
+        "--record",
+        metavar="FILE",
+        help="also write every point to FILE (line protocol); without --url, only to FILE: a demo with no database",
+    )
+    parser.add_argument(
+        "--hours", type=float, default=3.0, metavar="H", help="how far back the demo reaches (default 3)"
+    )
+    parser.add_argument(
+        "--gpus", type=int, default=8, metavar="N", help="GPUs on the simulated node, one rank each (default 8)"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=10.0, metavar="S", help="seconds between GPU samples (default 10)"
+    )
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the simulated values (default 0)")
+    parser.add_argument(
+        "--grafana-url",
+        metavar="URL",
+        help="Grafana for the printed links (default $GPULSE_GRAFANA_URL, else http://127.0.0.1:$GPULSE_GRAFANA_PORT, port 3000)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default="gpulse-demo",
+        help="where the run's metrics_report.json/.html go (default gpulse-demo)",
+    )
+
+
+def connection(args: argparse.Namespace):
+    """Flags < env as everywhere; with nothing given, the local stack with the token ``make up`` made."""
+    from gpulse.influx.connection import resolve_connection
+
+    env = dict(os.environ)
+    explicit = args.token_file or env.get("GPULSE_TOKEN_FILE") or env.get("GPULSE_TOKEN")
+    url = args.url or env.get("GPULSE_URL")
+    api = args.api or env.get("GPULSE_API") or "v2"
+    if (
+        not explicit
+        and api == "v2"
+        and (url or DEFAULT_URL).rstrip("/") == DEFAULT_URL
+        and os.path.isfile(LOCAL_STACK_TOKEN_FILE)
+    ):
+        env["GPULSE_TOKEN_FILE"] = LOCAL_STACK_TOKEN_FILE
+    return resolve_connection(args, env, url_optional=bool(args.record))
+
+
+def grafana_base(args: argparse.Namespace) -> str:
+    if args.grafana_url:
+        return args.grafana_url.rstrip("/")
+    if os.environ.get("GPULSE_GRAFANA_URL"):
+        return os.environ["GPULSE_GRAFANA_URL"].rstrip("/")
+    return f"http://127.0.0.1:{os.environ.get('GPULSE_GRAFANA_PORT') or 3000}"
+
+
+def _hhmm(ts_ns: int) -> str:
+    return time.strftime("%H:%M", time.localtime(ts_ns / 1e9))
+
+
+def run(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from gpulse.cli import demo
+    from gpulse.delivery.pipeline import build_sinks, deliver_batches
+    from gpulse.lineprotocol.encode import Encoder
+
+    if args.gpus < 2 or args.hours <= 0 or args.interval <= 0:
+        raise ConfigError("--gpus must be at least 2, --hours and --interval positive")
+    conn = connection(args)
+    if conn.url:
+        problem = _not_ready(conn)
+        if problem:
+            print(f"gpulse demo: {problem}", file=sys.stderr)
+            return 1
+    t_start = time.monotonic()
+    end = time.time_ns() // 10**9 * 10**9
+    tl = demo.Timeline.build(end, hours=args.hours, gpus=args.gpus)
+    run_id = demo.run_id_for(end)
+    enc = Encoder()
+    gpu, uuids = demo.gpu_lines(tl, run_id, seed=args.seed, interval_s=args.interval, encoder=enc)
+    train = demo.training_lines(tl, run_id, uuids, seed=args.seed, encoder=enc)
+    agent = demo.agent_lines(tl, len(gpu), len(train.lines), gpus=args.gpus, seed=args.seed, encoder=enc)
+    lines = gpu + train.lines + agent
+    counts = Counter(line.split(",", 1)[0] for line in lines)
+
+    where = conn.describe() if conn.url else args.record
+    print(
+        f"gpulse demo: a simulated {args.gpus}-GPU node ({demo.DEMO_HOST}) and training run {run_id}, last {args.hours:g} h -> {where}"
+    )
+    print(f"  {_hhmm(tl.run_start_ns)}-{_hhmm(tl.run_end_ns)}  run {run_id}: {train.ranks} ranks, {train.steps} steps")
+    for e in tl.episodes:
+        print(f"  {_hhmm(e.start_ns)}-{_hhmm(min(e.end_ns, tl.run_end_ns))}  {e.what}")
+    for ts in tl.checkpoints_ns:
+        print(f"  {_hhmm(ts)}        checkpoint")
+    print(f"  {_hhmm(tl.xid_ns)}        XID {demo.XID[0]} on GPU {tl.xid_gpu}")
+
+    for sink in build_sinks(conn if conn.url else None, args.record):
+        try:
+            result = deliver_batches(sink, lines, deadline_s=180)
+        finally:
+            sink.close()
+        if result.failed or result.rejected:
+            print(
+                f"gpulse demo: {sink.describe()} took {result.written} of {len(lines)} lines "
+                f"({result.rejected} rejected, {result.failed} not delivered); see the log above",
+                file=sys.stderr,
+            )
+            return 1
+    summary = ", ".join(f"{m} {n}" for m, n in sorted(counts.items()))
+    print(f"wrote {len(lines)} points in {time.monotonic() - t_start:.1f} s: {summary}")
+
+    if conn.url:
+        _downsample(conn, tl.start_ns, tl.end_ns)
+        print("downsampled the whole window into the 1m and 1h tiers (the History dashboard reads them)")
+        _print_links(args, tl, run_id)
+    return _report(args, conn, run_id)
+
+
+def _not_ready(conn) -> str:
+    """Why the database cannot take the demo yet (unreachable, credentials, no setup), or ''."""
+    from gpulse.cli.doctor import check_credentials, check_layout, check_reachable
+
+    for check in (check_reachable, check_credentials, check_layout):
+        r = check(conn)
+        if r.status == "fail":
+            return f"{r.detail}\n  fix: {r.fix}"
+    return ""
+
+
+def _downsample(conn, start_ns: int, end_ns: int) -> None:
+    if conn.api == "v1":
+        from gpulse.influx.setup.v1 import downsample_now
+    else:
+        from gpulse.influx.setup.v2 import downsample_now  # type: ignore[assignment]
+    downsample_now(conn, start_ns, end_ns)
+
+
+def _print_links(args: argparse.Namespace, tl, run_id: str) -> None:
+    from urllib.parse import urlencode
+
+    from gpulse.dashboards import dashboards
+
+    base = grafana_base(args)
+    window = {"from": tl.start_ns // 10**6, "to": tl.end_ns // 10**6}
+    print(f"Grafana: {base}")
+    width = max(len(d.title) for d in dashboards())
+    for d in dashboards():
+        params = dict(window)
+        if any(v["name"] == "run" for v in d.variables):
+            params["var-run"] = run_id
+        if d.time_from.startswith("now-") and d.time_from[-1] in "dwy":
+            params = {}  # the History dashboard: its own long range reads best
+        query = f"?{urlencode(params)}" if params else ""
+        print(f"  {d.title:<{width}}  {base}/d/{d.uid}{query}")
+
+
+def _report(args: argparse.Namespace, conn, run_id: str) -> int:
+    import json
+
+    from gpulse.report.html import render_html
+    from gpulse.report.load import load_files, load_influx, read_points
+    from gpulse.report.model import build_report
+    from gpulse.report.text import render_text
+
+    if conn.url:
+        from gpulse.influx.query import InfluxQL
+
+        data = load_influx(InfluxQL(conn), run_id)
+    else:
+        rows, _bad = read_points([args.record])
+        data = load_files(rows, run_id)
+    report = build_report(data.steps, data.gpu, data.runs, data.events)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "metrics_report.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, default=str)
+    html = os.path.join(args.out, "metrics_report.html")
+    with open(html, "w", encoding="utf-8") as f:
+        f.write(render_html(report, data.steps, data.gpu, data.events))
+    print()
+    sys.stdout.write(render_text(report))
+    print(f"\nthe run's report: {html} (and metrics_report.json); again any time: gpulse report --run {run_id}")
+    return 0

@@ -1,0 +1,111 @@
+"""``gpulse report``: a run's metrics report and diagnosis, from InfluxDB or a recording file.
+
+Prints the report (diagnosis first; ``--json`` prints the JSON instead), writes
+``metrics_report.json`` into ``--out`` and, with ``--html``, ``metrics_report.html`` next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from gpulse.influx.connection import ConfigError, add_connection_flags, resolve_connection
+
+REPORT_JSON = "metrics_report.json"
+REPORT_HTML = "metrics_report.html"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--run", metavar="ID", help="the run id (optional with --from-file when the file holds one run)"
+    )
+    parser.add_argument(
+        "--from-file",
+        metavar="FILE",
+        action="append",
+        help="read a recording (agent --record file or a run's gpulse-records.lp) instead of InfluxDB; repeatable",
+    )
+    parser.add_argument("--out", metavar="DIR", default=".", help="directory for metrics_report.json/.html (default .)")
+    parser.add_argument("--html", action="store_true", help="also write the self-contained HTML report")
+    parser.add_argument("--json", action="store_true", help="print the JSON report instead of the text one")
+    parser.add_argument(
+        "--threshold",
+        metavar="NAME=VALUE",
+        action="append",
+        help="override a diagnosis threshold (repeatable; names in docs/report.md)",
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML file with a [connection] table (env GPULSE_CONFIG)")
+    add_connection_flags(parser)
+
+
+def connection_from(args: argparse.Namespace):
+    """The connection from flags < env < the ``[connection]`` table of ``--config`` (shared with upload)."""
+    toml: dict[str, Any] = {}
+    path = getattr(args, "config", None) or os.environ.get("GPULSE_CONFIG")
+    if path:
+        from gpulse.agent.config import load_toml
+
+        toml = load_toml(path).get("connection", {})
+    return resolve_connection(args, toml=toml)
+
+
+def _choose(run: str | None, runs: list[str], where: str) -> str:
+    if run:
+        return run
+    if len(runs) == 1:
+        return runs[0]
+    if not runs:
+        raise ConfigError(f"no training run found in {where}")
+    raise ConfigError(f"{where} holds {len(runs)} runs; choose one with --run: {', '.join(runs[:20])}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpulse.report.diagnose import parse_threshold_args
+    from gpulse.report.html import render_html
+    from gpulse.report.load import list_runs_influx, load_files, load_influx, read_points, runs_in
+    from gpulse.report.model import build_report
+    from gpulse.report.text import render_text
+
+    thresholds = parse_threshold_args(args.threshold)
+    if args.from_file:
+        for path in args.from_file:
+            if not os.path.isfile(path):
+                raise ConfigError(f"{path} is not a file")
+        rows, bad = read_points(args.from_file)
+        for path, lineno, why in bad[:5]:
+            print(f"gpulse report: {path}:{lineno}: skipped: {why}", file=sys.stderr)
+        if len(bad) > 5:
+            print(f"gpulse report: ... {len(bad) - 5} more unreadable lines skipped", file=sys.stderr)
+        run_id = _choose(args.run, runs_in(rows), ", ".join(args.from_file))
+        data = load_files(rows, run_id)
+    else:
+        from gpulse.influx.query import InfluxQL, QueryError
+
+        q = InfluxQL(connection_from(args))
+        try:
+            run_id = _choose(args.run, [] if args.run else list_runs_influx(q), q.conn.describe())
+            data = load_influx(q, run_id)
+        except QueryError as e:
+            print(f"gpulse report: cannot read {q.conn.describe()}: {e}", file=sys.stderr)
+            return 1
+    if data.empty:
+        print(f"gpulse report: no points for run {run_id!r}", file=sys.stderr)
+        return 1
+    report = build_report(data.steps, data.gpu, data.runs, data.events, thresholds)
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, REPORT_JSON)
+    with open(json_path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, default=str)
+    if args.html:
+        with open(os.path.join(args.out, REPORT_HTML), "w", encoding="utf-8") as f:
+            f.write(render_html(report, data.steps, data.gpu, data.events))
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(report))
+        print(f"\nwrote {json_path}" + (f" and {os.path.join(args.out, REPORT_HTML)}" if args.html else ""))
+    return 0

@@ -1,0 +1,71 @@
+"""``gpulse setup``: buckets or retention policies, DBRP mappings, downsampling and the Grafana token.
+
+Idempotent: safe to run on every ``docker compose up`` (the stack's ``setup`` service does). Prints
+one line per object with what it did, then a summary; exits 1 with a clear message on a problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from gpulse.influx.connection import add_connection_flags, resolve_connection
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_connection_flags(parser)
+    parser.add_argument(
+        "--raw-retention", default="30d", metavar="DURATION", help="keep raw samples this long (default 30d)"
+    )
+    parser.add_argument(
+        "--minute-retention",
+        metavar="DURATION",
+        help="keep the 1-minute tier this long (default 400d; the 1h tier is kept forever)",
+    )
+    parser.add_argument(
+        "--grafana-token-file",
+        metavar="PATH",
+        help="v2: write a read-only token for Grafana here (0600) when the file is missing, empty or its token no longer works",
+    )
+    parser.add_argument(
+        "--run-downsampling",
+        metavar="DURATION",
+        help="also downsample the last DURATION now (e.g. 7d), instead of waiting for the tasks / continuous queries",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the changes and the summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpulse.influx.downsample import parse_duration
+    from gpulse.influx.setup.common import SetupError
+
+    conn = resolve_connection(args)
+    try:
+        if conn.api == "v1":
+            from gpulse.influx.setup import v1 as impl
+
+            if args.grafana_token_file:
+                print("gpulse setup: --grafana-token-file is for InfluxDB 2.x; ignored with --api v1", file=sys.stderr)
+            report = impl.setup_v1(conn, raw_retention=args.raw_retention, minute_retention=args.minute_retention)
+        else:
+            from gpulse.influx.setup import v2 as impl  # type: ignore[no-redef]
+
+            report = impl.setup_v2(
+                conn,
+                raw_retention=args.raw_retention,
+                minute_retention=args.minute_retention,
+                grafana_token_file=args.grafana_token_file,
+            )
+        for line in report.lines():
+            if not (args.quiet and line.startswith("unchanged")):
+                print(line)
+        print(f"gpulse setup: {conn.describe()}: {report.summary()}")
+        if args.run_downsampling:
+            end = time.time_ns()
+            impl.downsample_now(conn, end - parse_duration(args.run_downsampling), end)
+            print(f"gpulse setup: downsampled the last {args.run_downsampling}")
+    except (SetupError, ValueError) as e:
+        print(f"gpulse setup: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,183 @@
+"""``docs/configuration.md``, generated from the code: every command's flags, every setting, every variable.
+
+The command flags come from each command's own argparse parser (the one ``gpulse <command>``
+builds), the agent settings from :mod:`gpulse.agent.config`, the connection settings from
+:mod:`gpulse.influx.connection`, and the list of ``GPULSE_*`` environment variables from the package's
+source, so a flag or variable added anywhere shows up here at the next ``make generate``; a test
+fails while the checked-in file differs.
+
+Run: ``python -m gpulse.cli.configdoc > docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+from pathlib import Path
+
+from gpulse.agent import config
+from gpulse.cli import main as cli
+
+_ENV_RE = re.compile(r"\bGPULSE_[A-Z][A-Z0-9_]*\b")
+PACKAGE = Path(__file__).resolve().parents[1]
+
+#: What the variables that are not a flag's twin mean (the others are described by their flag).
+ENV_DOCS = {
+    "GPULSE_TOKEN": "the API token itself (v2), or `user:password` (v1); prefer `GPULSE_TOKEN_FILE`",
+    "GPULSE_TOKEN_FILE": "file holding the token (same as `--token-file`)",
+    "GPULSE_CONFIG": "the agent's TOML file (same as `--config`)",
+    "GPULSE_SOCKET": "the agent: same as `--socket`; training processes and `gpulse status`: the agent socket to talk to",
+    "GPULSE_RUN_ID": "training processes: the run id shared by every rank (else TORCHELASTIC_RUN_ID, SLURM_JOB_ID, or rank 0's)",
+    "GPULSE_PEAK_FLOPS": "training processes: peak FLOP/s per device for MFU, overriding the built-in table",
+    "GPULSE_GRAFANA_URL": "`gpulse demo`: the Grafana its printed links point to",
+    "GPULSE_GRAFANA_PORT": "`gpulse demo` without `GPULSE_GRAFANA_URL`: Grafana's port on 127.0.0.1 (`.env`)",
+}
+#: The compose stack's settings file (read by `make up` and docker compose, not by gpulse itself).
+ENV_EXAMPLE = PACKAGE.parents[2] / ".env.example"
+
+
+def _md(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser ``gpulse <name>`` uses, built the way :func:`gpulse.cli.main.main` builds it."""
+    module = importlib.import_module(f"gpulse.cli.commands.{cli.COMMANDS[name][0]}")
+    parser = argparse.ArgumentParser(prog=f"gpulse {name}", description=cli.COMMANDS[name][1])
+    module.add_arguments(parser)
+    return parser
+
+
+def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    if not action.help or action.help == argparse.SUPPRESS:
+        return ""
+    params = {**vars(action), "prog": parser.prog}
+    for k, v in list(params.items()):
+        if isinstance(v, (list, tuple)):
+            params[k] = ", ".join(map(str, v))
+    try:
+        return action.help % params
+    except (KeyError, TypeError, ValueError):
+        return action.help
+
+
+def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
+    rows = ["| flag | value | default | meaning |", "| --- | --- | --- | --- |"]
+    for a in parser._actions:
+        if isinstance(a, argparse._HelpAction) or a.help == argparse.SUPPRESS:
+            continue
+        if a.option_strings:
+            flag = ", ".join(f"`{o}`" for o in a.option_strings)
+        else:
+            flag = f"`{a.metavar or a.dest}` (positional)"
+        if a.nargs == 0:
+            value = ""
+        elif a.choices:
+            value = " \\| ".join(f"`{c}`" for c in a.choices)
+        else:
+            value = f"`{a.metavar or a.dest.upper()}`"
+        default = (
+            ""
+            if a.default is None or a.default is False or a.default == argparse.SUPPRESS or a.default == []
+            else f"`{a.default}`"
+        )
+        rows.append(f"| {flag} | {value} | {default} | {_md(_help(parser, a))} |")
+    return rows
+
+
+def env_variables() -> dict[str, list[str]]:
+    """Every ``GPULSE_*`` name the package's source mentions -> the modules that mention it."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "configdoc.py":
+            continue
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        for name in sorted(set(_ENV_RE.findall(path.read_text(encoding="utf-8")))):
+            found.setdefault(name, []).append(rel)
+    for setting in config.setting_names():
+        found.setdefault(config.env_name(setting), ["gpulse/config.py"])
+    for key in config.CONNECTION_KEYS:
+        found.setdefault(f"GPULSE_{key.upper()}", ["gpulse/connection.py"])
+    return dict(sorted(found.items()))
+
+
+def _stack_settings() -> list[str]:
+    """The keys of ``.env.example`` with the comment above each group: what `make up` writes to ``.env``."""
+    if not ENV_EXAMPLE.is_file():  # an installed package without the repository
+        return []
+    out = [
+        "",
+        "## The compose stack (`.env`, written by `make up` from `.env.example`)",
+        "",
+        "| setting | default | meaning |",
+        "| --- | --- | --- |",
+    ]
+    comment: list[str] = []
+    told = False  # the group's comment was shown on its first key
+    for raw in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if line.startswith("#"):
+            comment.append(line.lstrip("# "))
+            told = False
+        elif "=" in line:
+            key, value = line.split("=", 1)
+            meaning = "(the group above)" if told else _md(" ".join(comment))
+            out.append(f"| `{key}` | `{value}` | {meaning} |")
+            told = True
+        else:
+            comment = []
+    return out
+
+
+def render() -> str:
+    out = [
+        "# gpulse configuration reference",
+        "",
+        "Generated from the code by `python -m gpulse.cli.configdoc` (`make generate`); a test fails when this file differs.",
+        "",
+        "Every setting can come from three places; a later one wins: the TOML file (`--config gpulse.toml` or "
+        "`GPULSE_CONFIG`), the environment (`GPULSE_*`), the command line. The token is read only from a file "
+        "(`--token-file`, `token_file`, `GPULSE_TOKEN_FILE`) or from `GPULSE_TOKEN`: never from a flag value and "
+        "never from the TOML file, and it is never logged.",
+        "",
+        "## Database connection (every command that talks to InfluxDB)",
+        "",
+        "| flag | environment | TOML `[connection]` |",
+        "| --- | --- | --- |",
+    ]
+    for key in config.CONNECTION_KEYS:
+        out.append(f"| `--{key.replace('_', '-')}` | `GPULSE_{key.upper()}` | `{key}` |")
+    out += [
+        "| (none: never on a command line) | `GPULSE_TOKEN` | (refused) |",
+        "",
+        "With `--api v1` the bucket is `database` or `database/retention-policy` and the token is `user:password`.",
+        "",
+        "## Agent settings (`gpulse agent`)",
+        "",
+        "| TOML `[agent]` key | environment | flag |",
+        "| --- | --- | --- |",
+    ]
+    for name in config.setting_names():
+        out.append(f"| `{name}` | `{config.env_name(name)}` | `--{name.replace('_', '-')}` |")
+    out += ["", "## Environment variables", "", "| variable | meaning | read by |", "| --- | --- | --- |"]
+    flag_of = {config.env_name(n): f"same as `--{n.replace('_', '-')}`" for n in config.setting_names()}
+    flag_of.update({f"GPULSE_{k.upper()}": f"same as `--{k.replace('_', '-')}`" for k in config.CONNECTION_KEYS})
+    for name, modules in env_variables().items():
+        meaning = ENV_DOCS.get(name) or flag_of.get(name) or "see the module"
+        out.append(f"| `{name}` | {meaning} | {', '.join(f'`{m}`' for m in modules)} |")
+    out += _stack_settings()
+    out += ["", "## Commands", ""]
+    for name in cli.COMMANDS:
+        parser = command_parser(name)
+        out += [f"### `gpulse {name}`", "", _md(cli.COMMANDS[name][1]) + ".", ""]
+        if parser.description and parser.description != cli.COMMANDS[name][1]:
+            out += [_md(parser.description), ""]
+        out += _flag_rows(parser) + [""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(render())

@@ -1,0 +1,509 @@
+"""The disk spool: batches a sink could not take, kept in order until it can.
+
+Layout (directory mode 0700, files 0600)::
+
+    00000000000000000001.seg   append-only segments of records
+    00000000000000000002.seg
+    ack                        "<segment> <offset>": where the next record to deliver starts
+
+A record is a 32-byte header ``magic "GPS1", crc32, payload length, line count, epoch, end
+ticket`` followed by the payload (the lines, UTF-8). The CRC covers everything after itself, so a
+torn write (power cut, SIGKILL mid-write) or a flipped bit is detected; the reader then skips from
+the damage point to the next record that checks out (or the end of the segment), counts the lines
+it lost, and carries on. Each append is
+fsynced (one fsync per batch, about once per flush interval); a process restarted after a crash
+never appends behind a possibly torn tail: it opens a new segment.
+
+The spool is bounded in bytes: to make room, the oldest segment is deleted and its undelivered
+lines are counted as dropped. A failed write (ENOSPC, EIO) is undone (truncated away), counted by
+the caller, and never raised. Memory use is a few integers per segment: records are read from disk
+one at a time, and a fully delivered segment is deleted.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import struct
+import threading
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulse.util.files import write_all
+from gpulse.util.ratelog import RateLimitedLog
+
+log = logging.getLogger("gpulse.spool")
+_rlog = RateLimitedLog(log)
+
+MAGIC = b"GPS1"
+HEADER = struct.Struct("<4sIIIQQ")  # magic, crc32, payload length, lines, epoch, end ticket
+_SEGMENT = re.compile(r"^(\d{20})\.seg$")
+MAX_RECORD_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Record:
+    segment: int
+    offset: int
+    end_offset: int
+    lines: list[str]
+    epoch: int
+    end_ticket: int
+
+
+@dataclass
+class Appended:
+    """Where a batch went: its records' (segment, offset), and how many of its lines were stored."""
+
+    positions: list[tuple[int, int]]
+    lines: int
+
+
+class Spool:
+    """Append-only, checksummed, size-capped FIFO of line batches on disk. Thread-safe."""
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int = 1 << 30, segment_bytes: int | None = None):
+        self.dir = Path(directory)
+        self.max_bytes = int(max_bytes)
+        self.segment_bytes = segment_bytes or max(4096, min(self.max_bytes // 8, 64 << 20))
+        self._lock = threading.RLock()
+        self._closed = False
+        # counters (since this process started)
+        self.lines_spooled = 0
+        self.lines_dropped = 0  # oldest segments dropped for room, or lost to corruption
+        self.records_corrupt = 0
+        self.write_errors = 0
+        self._make_dir()
+        self._sizes: dict[int, int] = {}
+        for p in sorted(self.dir.iterdir()):
+            m = _SEGMENT.match(p.name)
+            if m:
+                self._sizes[int(m.group(1))] = p.stat().st_size
+        self._wfd: int | None = None
+        self._wseg: int | None = None  # the segment being appended to (never one from an earlier run)
+        self._next_seg = max(self._sizes, default=0) + 1
+        self._rfd: int | None = None
+        self._rfd_seg: int | None = None
+        self._roff = 0
+        self._peeked: Record | None = None  # the head record handed out by peek(), until acked
+        #: records being delivered right now (peeked, or the spooled copy of a batch in flight): if the
+        #: size cap drops them, they are not counted as dropped, since the delivery in flight may still succeed
+        self._pinned: set[tuple[int, int]] = set()
+        self._load_ack()
+
+    # -- setup ------------------------------------------------------------------------------------
+    def _make_dir(self) -> None:
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = self.dir.stat()
+        if st.st_uid != os.getuid():
+            raise PermissionError(f"spool directory {self.dir} belongs to another user")
+        if st.st_mode & 0o077:
+            os.chmod(self.dir, 0o700)
+
+    def _load_ack(self) -> None:
+        try:
+            seg_s, off_s = (self.dir / "ack").read_text().split()
+            seg, off = int(seg_s), int(off_s)
+        except (OSError, ValueError):
+            return
+        for old in [s for s in self._sizes if s < seg]:
+            self._delete(old)
+        if seg in self._sizes and 0 <= off <= self._sizes[seg]:
+            self._roff = off
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def bytes(self) -> int:
+        """Bytes on disk (segments still holding undelivered records)."""
+        return sum(self._sizes.values())
+
+    def has_data(self) -> bool:
+        """Whether any record is waiting to be delivered."""
+        with self._lock:
+            if not self._sizes:
+                return False
+            head = next(iter(self._sizes))
+            return len(self._sizes) > 1 or self._sizes[head] > self._roff
+
+    # -- writing ----------------------------------------------------------------------------------
+    def append(self, lines: Sequence[str], *, epoch: int = 0, end_ticket: int = 0, pin: bool = False) -> Appended:
+        """Append one batch durably (fsync per record). A batch larger than a segment is stored as several
+        records (so a tiny spool can still hold it in part). Lines that could not be stored (disk error, or
+        a line larger than the whole spool) are missing from the result; the caller counts them as dropped.
+        ``pin``: the batch is also being delivered right now (see ``_pinned``)."""
+        out = Appended([], 0)
+        remaining = len(lines)
+        for group in self._groups(lines):
+            remaining -= len(group)
+            with self._lock:
+                pos = self._append_record(group, epoch, end_ticket - remaining)
+                if pos is None:
+                    break
+                if pin:
+                    self._pinned.add(pos)
+            out.positions.append(pos)
+            out.lines += len(group)
+        return out
+
+    def _groups(self, lines: Sequence[str]) -> list[Sequence[str]]:
+        limit = min(self.segment_bytes, self.max_bytes) - HEADER.size
+        if sum(map(len, lines)) <= limit // 4:  # the common case: characters <= bytes <= 4 x characters
+            return [lines]
+        groups: list[Sequence[str]] = []
+        cur: list[str] = []
+        size = 0
+        for line in lines:
+            n = len(line.encode("utf-8", "replace"))
+            if cur and size + n > limit:
+                groups.append(cur)
+                cur, size = [], 0
+            cur.append(line)
+            size += n
+        if cur:
+            groups.append(cur)
+        return groups
+
+    def _append_record(self, lines: Sequence[str], epoch: int, end_ticket: int) -> tuple[int, int] | None:
+        payload = "".join(lines).encode("utf-8", "replace")
+        record = self._encode(payload, len(lines), epoch, end_ticket)
+        with self._lock:
+            if self._closed:
+                return None
+            if len(record) > self.max_bytes or len(payload) > MAX_RECORD_BYTES:
+                _rlog.log(
+                    "too-big",
+                    logging.ERROR,
+                    "spool %s: a %d-byte line exceeds the spool size; dropped",
+                    self.dir,
+                    len(record),
+                )
+                return None
+            self._make_room(len(record))
+            if (
+                self._wseg is not None
+                and self._sizes[self._wseg]
+                and self._sizes[self._wseg] + len(record) > self.segment_bytes
+            ):
+                self._close_writer()
+            try:
+                if self._wseg is None:
+                    self._open_writer()
+                assert self._wfd is not None and self._wseg is not None
+                offset = self._sizes[self._wseg]
+                try:
+                    write_all(self._wfd, record)
+                    os.fsync(self._wfd)
+                except OSError:
+                    self._undo(offset)
+                    raise
+            except OSError as e:
+                self.write_errors += 1
+                _rlog.log(
+                    f"write-{e.errno}",
+                    logging.ERROR,
+                    "spool %s: cannot write (%s); %d lines dropped, the agent keeps running",
+                    self.dir,
+                    os.strerror(e.errno) if e.errno else e,
+                    len(lines),
+                )
+                return None
+            self._sizes[self._wseg] = offset + len(record)
+            self.lines_spooled += len(lines)
+            return self._wseg, offset
+
+    @staticmethod
+    def _encode(payload: bytes, nlines: int, epoch: int, end_ticket: int) -> bytes:
+        rest = struct.pack("<IIQQ", len(payload), nlines, epoch & (2**64 - 1), end_ticket & (2**64 - 1))
+        crc = zlib.crc32(payload, zlib.crc32(rest))
+        return MAGIC + struct.pack("<I", crc) + rest + payload
+
+    def _open_writer(self) -> None:
+        seg = self._next_seg
+        path = self._path(seg)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._next_seg += 1
+        self._wfd, self._wseg = fd, seg
+        self._sizes[seg] = 0
+        try:  # make the new file's directory entry durable too
+            dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+    def _undo(self, offset: int) -> None:
+        """After a failed write: cut the partial record away, or abandon the segment if even that fails."""
+        assert self._wfd is not None
+        try:
+            os.ftruncate(self._wfd, offset)
+        except OSError:
+            self._close_writer()
+            # the torn tail stays; the reader skips it (damage from there to the end of the segment)
+            return
+
+    def _close_writer(self) -> None:
+        seg, fd = self._wseg, self._wfd
+        self._wfd, self._wseg = None, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if seg is not None and seg in self._sizes:
+            try:  # an abandoned torn tail makes the file longer than we counted
+                self._sizes[seg] = self._path(seg).stat().st_size
+            except OSError:
+                pass
+
+    def _make_room(self, need: int) -> None:
+        while self._sizes and self.bytes + need > self.max_bytes:
+            oldest = next(iter(self._sizes))
+            lost = self._count_lines(oldest)
+            if oldest == self._wseg:
+                self._close_writer()
+            self._delete(oldest)
+            self.lines_dropped += lost
+            _rlog.log(
+                "full",
+                logging.WARNING,
+                "spool %s is full (%d bytes): dropped its oldest segment, %d lines",
+                self.dir,
+                self.max_bytes,
+                lost,
+            )
+
+    def _count_lines(self, seg: int) -> int:
+        """Undelivered lines in a segment (from the read position if it is the head), except a pinned record."""
+        start = self._roff if seg == next(iter(self._sizes)) else 0
+        total = 0
+        for rec in self._scan(seg, start):
+            if rec is None:
+                break
+            if (rec.segment, rec.offset) in self._pinned:
+                continue
+            total += len(rec.lines)
+        return total
+
+    # -- reading ----------------------------------------------------------------------------------
+    def peek(self) -> Record | None:
+        """The oldest undelivered record (the same one until :meth:`ack`), or ``None`` if there is none.
+
+        Damage (torn or corrupt record) is skipped: the rest of that segment is counted as lost."""
+        with self._lock:
+            while self._sizes and not self._closed:
+                head = next(iter(self._sizes))
+                size = self._sizes[head]
+                if self._roff >= size:
+                    if head == self._wseg:
+                        return None
+                    self._delete(head)
+                    continue
+                rec = self._read(head, self._roff, size)
+                if rec is None:
+                    self._skip_damage(head, size)
+                    continue
+                self._peeked = rec
+                self._pinned.add((rec.segment, rec.offset))
+                return rec
+            return None
+
+    def ack(self, segment: int, offset: int) -> bool:
+        """Mark the record at (segment, offset) delivered; ignored unless it is the current head."""
+        with self._lock:
+            if self._closed or not self._sizes:
+                return False
+            head = next(iter(self._sizes))
+            if (segment, offset) != (head, self._roff):
+                return False
+            rec = self._peeked
+            if rec is None or (rec.segment, rec.offset) != (segment, offset):
+                rec = self._read(head, offset, self._sizes[head])
+                if rec is None:
+                    return False
+            self._peeked = None
+            self._pinned.discard((segment, offset))
+            self._roff = rec.end_offset
+            if self._roff >= self._sizes[head]:  # fully delivered: delete it (the writer starts a new one)
+                if head == self._wseg:
+                    self._close_writer()
+                self._delete(head)
+            else:
+                self._save_ack(head, self._roff)
+            return True
+
+    def holds(self, positions: Sequence[tuple[int, int]]) -> bool:
+        """Whether all these records are still waiting in the spool (not dropped for room, not acked)."""
+        with self._lock:
+            if not self._sizes:
+                return not positions
+            head = next(iter(self._sizes))
+            return all(seg in self._sizes and (seg > head or off >= self._roff) for seg, off in positions)
+
+    def _save_ack(self, seg: int, off: int) -> None:
+        tmp = self.dir / "ack.tmp"
+        try:
+            tmp.write_text(f"{seg} {off}\n")
+            os.replace(tmp, self.dir / "ack")
+        except OSError as e:  # worst case: records are delivered twice after a restart (idempotent)
+            _rlog.log("ack", logging.WARNING, "spool %s: cannot save the read position: %s", self.dir, e)
+
+    def _read(self, seg: int, off: int, size: int) -> Record | None:
+        fd = self._reader(seg)
+        if fd is None:
+            return None
+        try:
+            head = os.pread(fd, HEADER.size, off)
+            if len(head) < HEADER.size:
+                return None
+            magic, crc, plen, nlines, epoch, end_ticket = HEADER.unpack(head)
+            if magic != MAGIC or off + HEADER.size + plen > size or plen > MAX_RECORD_BYTES:
+                return None
+            payload = os.pread(fd, plen, off + HEADER.size)
+        except OSError:
+            return None
+        if len(payload) != plen or zlib.crc32(payload, zlib.crc32(head[8:])) != crc:
+            return None
+        lines = payload.decode("utf-8", "replace").splitlines(keepends=True)
+        if len(lines) != nlines:
+            return None
+        return Record(seg, off, off + HEADER.size + plen, lines, epoch, end_ticket)
+
+    def _scan(self, seg: int, start: int):
+        size = self._sizes.get(seg, 0)
+        off = start
+        while off < size:
+            rec = self._read(seg, off, size)
+            yield rec
+            if rec is None:
+                return
+            off = rec.end_offset
+
+    def _skip_damage(self, seg: int, size: int) -> None:
+        """Skip a bad record: exactly, when its header still says where the next good record starts;
+        else resynchronise on the next valid record of the segment (or its end), estimating the loss."""
+        start = self._roff
+        fd = self._reader(seg)
+        lost, resume = 0, size
+        header = b""
+        if fd is not None:
+            try:
+                header = os.pread(fd, HEADER.size, start)
+            except OSError:
+                header = b""
+        if len(header) == HEADER.size and header[:4] == MAGIC:
+            _, _, plen, nlines, _, _ = HEADER.unpack(header)
+            end = start + HEADER.size + plen
+            if end >= size or self._read(seg, end, size) is not None:
+                lost, resume = nlines, min(end, size)  # a torn tail, or a damaged payload between good records
+        if resume == size and lost == 0:
+            resume = self._resync(seg, start + 1, size)
+            lost = self._count_newlines(fd, start, resume)
+        self.records_corrupt += 1
+        self.lines_dropped += lost
+        _rlog.log(
+            "corrupt",
+            logging.ERROR,
+            "spool %s: segment %d is damaged at byte %d (torn write or corruption); skipped %d bytes (~%d lines)",
+            self.dir,
+            seg,
+            start,
+            resume - start,
+            lost,
+        )
+        self._roff = resume
+        if resume >= size and seg != self._wseg:
+            self._delete(seg)
+        else:
+            self._save_ack(seg, resume)
+
+    def _resync(self, seg: int, start: int, size: int) -> int:
+        """Offset of the next valid record in ``seg`` at or after ``start``, else ``size``."""
+        fd = self._reader(seg)
+        off = start
+        while fd is not None and off < size:
+            try:
+                chunk = os.pread(fd, min(1 << 20, size - off), off)
+            except OSError:
+                break
+            i = chunk.find(MAGIC)
+            while i >= 0:
+                if self._read(seg, off + i, size) is not None:
+                    return off + i
+                i = chunk.find(MAGIC, i + 1)
+            if len(chunk) < 1 << 20:
+                break
+            off += len(chunk) - len(MAGIC) + 1
+        return size
+
+    @staticmethod
+    def _count_newlines(fd: int | None, start: int, end: int) -> int:
+        n, off = 0, start
+        while fd is not None and off < end:
+            try:
+                chunk = os.pread(fd, min(1 << 20, end - off), off)
+            except OSError:
+                break
+            if not chunk:
+                break
+            n += chunk.count(b"\n")
+            off += len(chunk)
+        return n
+
+    def _reader(self, seg: int) -> int | None:
+        if self._rfd_seg != seg:
+            self._close_reader()
+            try:
+                self._rfd = os.open(self._path(seg), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            self._rfd_seg = seg
+        return self._rfd
+
+    def _close_reader(self) -> None:
+        if self._rfd is not None:
+            try:
+                os.close(self._rfd)
+            except OSError:
+                pass
+        self._rfd, self._rfd_seg = None, None
+
+    # -- housekeeping -----------------------------------------------------------------------------
+    def _path(self, seg: int) -> Path:
+        return self.dir / f"{seg:020d}.seg"
+
+    def _delete(self, seg: int) -> None:
+        was_head = bool(self._sizes) and seg == next(iter(self._sizes))
+        if self._rfd_seg == seg:
+            self._close_reader()
+        if self._peeked is not None and self._peeked.segment == seg:
+            self._peeked = None
+        self._pinned = {p for p in self._pinned if p[0] != seg}
+        self._sizes.pop(seg, None)
+        try:
+            self._path(seg).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno not in (errno.ENOENT,):
+                _rlog.log("unlink", logging.WARNING, "spool %s: cannot delete segment %d: %s", self.dir, seg, e)
+        if was_head:
+            self._roff = 0
+            if self._sizes:
+                self._save_ack(next(iter(self._sizes)), 0)
+            else:
+                try:
+                    (self.dir / "ack").unlink()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._close_writer()
+            self._close_reader()

@@ -1,0 +1,1 @@
+"""Everything that talks to InfluxDB besides writes: connection settings, InfluxQL, setup, downsampling."""

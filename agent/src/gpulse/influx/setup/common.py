@@ -1,0 +1,108 @@
+"""What `gpulse setup` shares between InfluxDB 2.x and 1.x: the report, the errors, the server probe.
+
+Setup is declarative: each step compares what exists with what should exist and acts only on a
+difference, so re-running it changes nothing and a changed definition is brought up to date. The
+:class:`SetupReport` records every decision, so tests and the CLI can show exactly what was done.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from gpulse.influx.downsample import RAW, RAW_RETENTION, TIERS, parse_duration
+
+
+class SetupError(Exception):
+    """Setup cannot go on; the message says what is wrong and how to fix it."""
+
+
+@dataclass
+class SetupReport:
+    """Every object setup looked at, with what it did: created, updated, deleted or unchanged."""
+
+    actions: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, action: str, what: str) -> None:
+        self.actions.append((action, what))
+
+    def changed(self) -> list[str]:
+        return [f"{a} {w}" for a, w in self.actions if a != "unchanged"]
+
+    def lines(self) -> list[str]:
+        return [f"{a:9} {w}" for a, w in self.actions]
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for a, _ in self.actions:
+            counts[a] = counts.get(a, 0) + 1
+        return ", ".join(f"{n} {a}" for a, n in counts.items()) or "nothing to do"
+
+
+def retentions(raw: str = RAW_RETENTION, minute: str | None = None) -> dict[str, int]:
+    """tier name -> retention in seconds (0 = forever), validated."""
+    out = {RAW: raw}
+    for t in TIERS:
+        out[t.name] = minute if (minute and t.name == "1m") else t.retention
+    try:
+        secs = {name: parse_duration(text) // 10**9 for name, text in out.items()}
+    except ValueError as e:
+        raise SetupError(str(e)) from None
+    if secs[RAW] and secs[RAW] < 3600:
+        raise SetupError(f"raw retention {raw!r} is shorter than an hour; the downsampling needs the raw points longer")
+    return secs
+
+
+def influx_duration(seconds: int) -> str:
+    """An InfluxQL duration literal for a retention: ``INF`` for 0, else whole days/hours/seconds."""
+    if seconds == 0:
+        return "INF"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    version: str
+    build: str
+
+
+def probe(url: str, timeout: float = 10.0) -> ServerInfo:
+    """``GET /ping``: is this InfluxDB at all, and which generation? Every InfluxDB answers with its version header."""
+    try:
+        with urllib.request.urlopen(f"{url}/ping", timeout=timeout) as r:
+            headers, status = r.headers, r.status
+    except urllib.error.HTTPError as e:
+        headers, status = e.headers, e.code
+    except (urllib.error.URLError, OSError) as e:
+        raise SetupError(f"cannot reach {url}: {getattr(e, 'reason', e)}; is InfluxDB running there?") from None
+    version = headers.get("X-Influxdb-Version")
+    if not version:
+        raise SetupError(
+            f"{url} answered /ping with HTTP {status} and no X-Influxdb-Version header: it is not InfluxDB (check --url)"
+        )
+    return ServerInfo(version=version.lstrip("v"), build=headers.get("X-Influxdb-Build", ""))
+
+
+def check_health(url: str, timeout: float = 10.0) -> None:
+    """``GET /health`` (2.x): JSON with ``status: pass`` once InfluxDB serves queries and writes."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
+            body = r.read()
+    except urllib.error.HTTPError as e:
+        body = e.read()
+    except (urllib.error.URLError, OSError) as e:
+        raise SetupError(f"cannot reach {url}/health: {getattr(e, 'reason', e)}") from None
+    try:
+        health = json.loads(body)
+        status, message = health["status"], health.get("message", "")
+    except (ValueError, KeyError, TypeError):
+        raise SetupError(
+            f"{url}/health did not answer InfluxDB's health JSON: is this InfluxDB 2.x? (check --url)"
+        ) from None
+    if status != "pass":
+        raise SetupError(f"InfluxDB at {url} is not ready: {status} ({message})")

@@ -1,0 +1,1 @@
+"""InfluxDB line protocol: the encoder (``encode``), its exact inverse (``parse``) and their shared limits."""

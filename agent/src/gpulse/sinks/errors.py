@@ -1,0 +1,184 @@
+"""What a database's answer to a write means: one :class:`WriteError` with a :class:`ErrorKind`.
+
+Every sink turns its failures into a :class:`WriteError` whose ``kind`` decides what delivery does
+(the table is in :mod:`gpulse.delivery.retry`). Classifying the answer is the sink's job, so the
+classification lives with the sinks; delivery only reads ``kind``, ``retry_after`` and ``bad_lines``.
+A 500 for a field type conflict (InfluxDB 2.0.x) is a rejection, not an outage: retrying it would
+block the queue forever (telegraf #11005).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+RETRY_AFTER_CAP_S = 600.0
+
+
+class ErrorKind(str, enum.Enum):
+    TRANSIENT = "transient"
+    THROTTLED = "throttled"
+    TOO_LARGE = "too_large"
+    REJECTED = "rejected"
+    CONFIG = "config"
+
+
+_RETRIED = frozenset({ErrorKind.TRANSIENT, ErrorKind.THROTTLED, ErrorKind.CONFIG})
+
+
+class WriteError(Exception):
+    """A write that did not (entirely) succeed, classified for the retry policy."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        bad_lines: Sequence[int] = (),
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+        #: 0-based indices (in the request) of lines the server named as bad
+        self.bad_lines = tuple(bad_lines)
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in _RETRIED
+
+    def describe(self) -> str:
+        where = f"HTTP {self.status}" if self.status else self.kind.value
+        return f"{where}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"WriteError({self.kind.value}, {self.describe()!r})"
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None, cap: float = RETRY_AFTER_CAP_S) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delay-seconds or an HTTP-date, capped.
+
+    Returns ``None`` when the header is absent or unreadable (the caller then uses its backoff).
+    A date in the past means "now" (0).
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        if when.tzinfo is None:  # RFC 9110 dates are GMT
+            import datetime as _dt
+
+            when = when.replace(tzinfo=_dt.timezone.utc)
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), cap)
+
+
+# -- answers --------------------------------------------------------------------------------------
+_V1_UNPARSABLE = re.compile(r"unable to parse '(.*?)': ", re.S)
+
+
+def error_message(headers: Mapping[str, str] | None, body: bytes | str | None) -> str:
+    """The server's error text: the JSON body's ``message``/``error``, else the error headers, else the body."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    try:
+        doc = json.loads(text) if text.strip().startswith("{") else None
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        for key in ("message", "error"):
+            if isinstance(doc.get(key), str) and doc[key]:
+                return doc[key]
+    for h in ("X-Influx-Error", "X-InfluxDB-Error", "X-Platform-Error-Code"):
+        v = _header(headers, h)
+        if v:
+            return v
+    return " ".join(text.split())[:500] or "(no message)"
+
+
+def _header(headers: Mapping[str, str] | Any, name: str) -> str | None:
+    if not headers:
+        return None
+    getter = getattr(headers, "get", None)
+    if getter is not None:
+        v = getter(name)
+        if v is None:
+            v = getter(name.lower())
+        if v is not None:
+            return str(v)
+    try:
+        for k, v in dict(headers).items():
+            if str(k).lower() == name.lower():
+                return str(v)
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
+def _bad_lines(body: bytes | str | None, message: str, lines: Sequence[str]) -> list[int]:
+    """Indices of the lines a 400 names: v2 ``line`` (1-based), v3 ``data[].line_number``, v1 quoted text."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    found: set[int] = set()
+    try:
+        doc = json.loads(text) if text.strip().startswith("{") else None
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        line = doc.get("line")
+        if isinstance(line, int) and 1 <= line <= len(lines):
+            found.add(line - 1)
+        data = doc.get("data")
+        if isinstance(data, list):
+            for item in data:
+                n = item.get("line_number") if isinstance(item, dict) else None
+                if isinstance(n, int) and 1 <= n <= len(lines):
+                    found.add(n - 1)
+    if not found:
+        quoted = {m.group(1) for m in _V1_UNPARSABLE.finditer(message)}
+        if quoted:
+            for i, line in enumerate(lines):
+                if line.rstrip("\n") in quoted:
+                    found.add(i)
+    return sorted(found)
+
+
+def classify_http(
+    status: int, headers: Mapping[str, str] | Any, body: bytes | str | None, lines: Sequence[str] = ()
+) -> WriteError:
+    """Turn a non-2xx answer to a write of ``lines`` into a :class:`WriteError`."""
+    message = error_message(headers, body)
+    if status in (401, 403, 404):
+        return WriteError(ErrorKind.CONFIG, message, status=status)
+    if status == 413:
+        return WriteError(ErrorKind.TOO_LARGE, message, status=status)
+    if status in (429, 502, 503, 504):
+        ra = parse_retry_after(_header(headers, "Retry-After"))
+        return WriteError(ErrorKind.THROTTLED, message, status=status, retry_after=ra)
+    if status == 408:
+        return WriteError(ErrorKind.TRANSIENT, message, status=status)
+    if status == 400:
+        return WriteError(ErrorKind.REJECTED, message, status=status, bad_lines=_bad_lines(body, message, lines))
+    if 400 <= status < 500:
+        return WriteError(ErrorKind.REJECTED, message, status=status)
+    if status == 500 and "field type conflict" in message:
+        return WriteError(ErrorKind.REJECTED, message, status=status)
+    return WriteError(ErrorKind.TRANSIENT, message, status=status)

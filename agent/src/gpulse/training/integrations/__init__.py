@@ -1,0 +1,1 @@
+"""Framework integrations: Hugging Face ``Trainer`` (and ms-swift), PyTorch Lightning."""

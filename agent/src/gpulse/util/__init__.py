@@ -1,0 +1,1 @@
+"""Small helpers more than one stage needs (logging a recurring problem once, private files)."""

@@ -1,0 +1,354 @@
+"""Every dashboard and alert query, as Grafana would send it, returns data from a real InfluxDB 1.x.
+
+The database is prepared by ``gpulse setup --api v1`` and filled by the real agent (``gpulse agent
+--simulate 2``, run in-process from the command's own flag parser so the test can plant an XID
+event in the simulated GPUs) and by a real two-rank :class:`gpulse.training.Run` talking to that
+agent over its socket. Two things a CPU-only machine cannot produce are stood in for at the CUDA
+boundary, exactly where a GPU run would supply them: the allocator counters (a fake
+``torch._C._cuda_memoryStats``) and the ``register`` message carrying the run's GPU UUIDs. The
+History dashboard is queried after ``downsample_now`` ran the continuous queries' ``SELECT INTO``.
+
+No Grafana server exists here: :func:`gpulse.dashboards.influxql.interpolate` reproduces its macro
+and variable substitution, and :func:`evaluate` below stands in for Grafana's server-side alert
+expressions (reduce ``last``, ``&&``-joined comparisons in math, thresholds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.grafana_queries import panel_rows
+
+from gpulse import schema
+from gpulse.dashboards import alerts, dashboards
+from gpulse.dashboards.builder import DATASOURCE_UID
+from gpulse.dashboards.influxql import interpolate
+from gpulse.influx import downsample
+from gpulse.influx.connection import Connection
+from gpulse.lineprotocol.encode import Encoder
+
+pytestmark = pytest.mark.influxdb
+
+HOST = "dash-node"
+RUN_ID = "dash-run"
+NS = 1_000_000_000
+AGENT_SECONDS = 13.0
+#: The range a user looks at right after starting the agent; History keeps its own (30 days).
+RECENT = "now-5m"
+
+
+# -- the fixture: setup, agent, training run, downsampling ------------------------------------------
+class _FakeCudaC:
+    """``torch._C`` as the allocator-counter reader sees it on a GPU (absent on this CPU machine)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.calls = 0
+
+    def _cuda_memoryStats(self, _device: int) -> dict[str, Any]:
+        self.calls += 1
+        base = (30 + self.rank * 2) << 30
+        return {
+            "allocated_bytes": {"all": {"current": base, "peak": base + (self.calls % 5 << 28)}},
+            "reserved_bytes": {"all": {"current": base + (4 << 30)}},
+            "num_alloc_retries": 0,
+        }
+
+    def _cuda_resetPeakMemoryStats(self, _device: int) -> None:
+        pass
+
+
+class _FakeTorch:
+    """``torch`` with ``torch.cuda``'s allocator-statistics functions (the probe uses the ``_C`` ones)."""
+
+    def __init__(self, rank: int) -> None:
+        self._C = _FakeCudaC(rank)
+        self.cuda = self
+
+    def memory_stats(self, _device: int) -> dict[str, Any]:
+        raise AssertionError("the probe reads torch._C._cuda_memoryStats")
+
+    def reset_peak_memory_stats(self, _device: int) -> None:
+        raise AssertionError("the probe resets through torch._C")
+
+
+def _make_run(rank: int, sock: str, out: Path) -> Any:
+    """Rank ``rank`` of a 2-rank job, as a launcher's environment would make it."""
+    from gpulse.training import Run
+
+    saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    try:
+        return Run(
+            name="dashboard-test",
+            run_id=RUN_ID,
+            config={"model": "tiny", "lr": 3e-4},
+            output_dir=out / f"rank{rank}",
+            socket_path=sock,
+            flops_per_token=6e9,
+            peak_flops=1e15,
+            write_report=False,
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _batches() -> Iterator[int]:
+    """A data loader that takes 4 ms per batch (what data_wait_s measures)."""
+    for i in range(10_000):
+        time.sleep(0.004)
+        yield i
+
+
+def _train(run: Any, uuid: str, ready: threading.Event, done: list[int]) -> None:
+    """One rank's training loop: timed phases, data wait, comm, loss, an eval mark."""
+    from gpulse.channel import protocol
+    from gpulse.training.memory import MemoryProbe
+
+    rank = run.rank
+    ready.wait(10)
+    run._memory = MemoryProbe(_FakeTorch(rank), 0)  # the CUDA allocator a GPU run reads
+    run.client.submit(protocol.register(0, RUN_ID, str(rank), os.getpid(), [uuid]))  # what a CUDA run sends
+    loader = run.wrap_loader(_batches())
+    deadline = time.monotonic() + 6.0
+    for i, _batch in enumerate(loader):
+        if time.monotonic() > deadline:
+            break
+        with run.step(samples=8, tokens=8 * 512):
+            with run.phase("forward"):
+                time.sleep(0.01 + 0.004 * rank)
+            with run.phase("backward"):
+                time.sleep(0.02)
+                run.add_comm(4_000_000)
+            with run.phase("optimizer"):
+                time.sleep(0.003)
+            run.log(loss=3.0 / (1 + i * 0.05))
+        if i == 20:
+            run.mark("eval", f"eval loss {2.5 - rank * 0.01:.2f}")
+    run.finish()
+    done.append(rank)  # an exception instead is printed by threading's excepthook
+
+
+def _setup(url: str, repo: Path) -> str:
+    """``gpulse setup --api v1`` when the command exists; else the setup module it will call."""
+    if (repo / "agent/src/gpulse/commands/setup.py").exists():
+        from support.fixtures import gpulse_cmd
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+        res = subprocess.run(
+            gpulse_cmd("setup", "--api", "v1", "--url", url, "--bucket", "gpulse"),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert res.returncode == 0, res.stderr + res.stdout
+        return "gpulse setup --api v1"
+    from gpulse.influx.setup.v1 import setup_v1
+
+    setup_v1(Connection(url=url, api="v1", bucket="gpulse"))
+    return "gpulse.influx.setup.v1.setup_v1"
+
+
+def _write_alert_situations(influx: Any, now: int) -> None:
+    """Situations a 13-second simulation cannot show, on hosts of their own: an idle GPU holding memory
+    for 15 minutes, an agent silent for 5 minutes, and an agent whose spool grew for 10 minutes."""
+    enc = Encoder()
+    gpu = enc.series("gpu", {"host": "idle-node", "gpu": "0", "uuid": "GPU-idle", "model": "NVIDIA H100"})
+    lines = [enc.line(gpu, {"util_gpu_pct": 2.0, "mem_used_bytes": 20 << 30}, now - s * NS) for s in range(0, 1200, 30)]
+    silent = enc.series("agent", {"host": "silent-node"})
+    lines += [enc.line(silent, {"uptime_s": 1800.0 - s, "spool_bytes": 0}, now - s * NS) for s in range(300, 1800, 10)]
+    spooling = enc.series("agent", {"host": "spooling-node"})
+    lines += [
+        enc.line(spooling, {"uptime_s": 900.0 - s, "spool_bytes": 1_000_000 - s * 1000}, now - s * NS)
+        for s in range(0, 600, 10)
+    ]
+    influx.write("".join(line for line in lines if line))
+
+
+@pytest.fixture(scope="module")
+def filled(influxdb_module: Any, repo_root: Path) -> Iterator[dict[str, Any]]:
+    from gpulse.agent.config import load_config
+    from gpulse.agent.loop import Agent
+    from gpulse.cli.commands import agent as agent_cmd
+    from gpulse.influx.setup.v1 import downsample_now
+    from gpulse.sources.simulated import SimulatedSource
+
+    url = influxdb_module.url
+    how_setup = _setup(url, repo_root)
+    work = Path(tempfile.mkdtemp(prefix="gpd"))
+    sock = str(work / "agent.sock")
+    parser = argparse.ArgumentParser()
+    agent_cmd.add_arguments(parser)
+    args = parser.parse_args(
+        ["--api", "v1", "--url", url, "--bucket", "gpulse", "--simulate", "2", "--host", HOST, "--interval", "0.25",
+         "--self-metrics-interval", "1", "--flush-interval", "0.5", "--duration", str(AGENT_SECONDS),
+         "--spool-dir", str(work / "spool"), "--socket", sock]
+    )  # fmt: skip
+    cfg = load_config(args, env={})
+    # GPU 0 trains flat out; GPU 1 is thermally throttled and reports an XID 2 s in.
+    source = SimulatedSource(2, seed=7, scenario=lambda _t, gpu: "busy" if gpu == 0 else "throttled")
+    source.inject_event(1, time.time_ns() + 2 * NS, "xid", 79, "GPU has fallen off the bus")
+    uuids = [source._uuid(i) for i in range(2)]
+    agent = Agent(cfg, source=source, stream=io.StringIO(), tty=False)
+
+    ready, done = threading.Event(), []
+    runs = [_make_run(r, sock, work) for r in range(2)]
+    ranks = [threading.Thread(target=_train, args=(run, uuids[run.rank], ready, done), daemon=True) for run in runs]
+    for t in ranks:
+        t.start()
+
+    def when_socket_exists() -> None:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(sock) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the first GPU cycles land before the run registers
+        ready.set()
+
+    threading.Thread(target=when_socket_exists, daemon=True).start()
+    start = time.time_ns()
+    assert agent.run() == 0
+    for t in ranks:
+        t.join(30)
+    assert sorted(done) == [0, 1], "a training rank failed (its traceback is above)"
+    end = time.time_ns()
+    _write_alert_situations(influxdb_module, end)
+    written = downsample_now(Connection(url=url, api="v1", bucket="gpulse"), end - 30 * 60 * NS, end + NS)
+    yield {"influx": influxdb_module, "setup": how_setup, "start": start, "end": end, "downsampled": written}
+
+
+@pytest.mark.parametrize("dashboard", dashboards(), ids=lambda d: d.slug)
+def test_every_panel_variable_and_annotation_of_a_dashboard_returns_data(
+    filled: dict[str, Any], dashboard: Any
+) -> None:
+    influx = filled["influx"]
+    dash = dashboard.to_json()
+    time_from = dash["time"]["from"] if dashboard.slug == "history" else RECENT
+    # the user picks the simulated node and the run; hosts written only for the alert tests stay out
+    counts = panel_rows(influx, dash, time_from, {"host": HOST, "run": RUN_ID})
+    with_data = sum(1 for n in counts.values() if n)
+    print(
+        f"\n{dashboard.title}: {with_data}/{len(counts)} panels and annotations returned data (db prepared by {filled['setup']})"
+    )
+    for title, n in counts.items():
+        print(f"  {n:6d} rows  {title}")
+    assert [t for t, n in counts.items() if n == 0] == []
+
+
+def test_history_reads_points_the_continuous_queries_wrote_into_the_downsampled_policies(
+    filled: dict[str, Any],
+) -> None:
+    influx = filled["influx"]
+    assert filled["downsampled"] > 0
+    fields = downsample.output_fields()["gpu"]
+    for rp in ("1m", "1h"):
+        rows = influx.rows(f'SELECT * FROM "gpulse"."{rp}"."gpu" WHERE "host" = \'{HOST}\'')
+        assert rows, rp
+        stored = {k for row in rows for k, v in row.items() if v is not None} - {
+            "time",
+            "_measurement",
+            *schema.GPU.all_tags,
+        }
+        assert {"sm_active_pct", "sm_active_pct_max", "sm_active_pct_min", "energy_mj"} <= stored <= fields
+    raw_only = influx.rows('SELECT count("util_gpu_pct") FROM "gpulse"."raw"."gpu"')
+    assert raw_only and raw_only[0]["count"] > 0
+
+
+def test_the_run_appears_on_its_gpus_and_both_ranks_report(filled: dict[str, Any]) -> None:
+    influx = filled["influx"]
+    tagged = influx.rows(f'SELECT count("util_gpu_pct") FROM "gpu" WHERE "run" = \'{RUN_ID}\' GROUP BY "gpu"')
+    assert {r["gpu"] for r in tagged} == {"0", "1"}
+    ranks = influx.rows(f'SELECT count("step_time_s") FROM "train_step" WHERE "run" = \'{RUN_ID}\' GROUP BY "rank"')
+    assert {r["rank"] for r in ranks} == {"0", "1"} and all(r["count"] > 10 for r in ranks)
+
+
+# -- alert rules -------------------------------------------------------------------------------------
+Labels = frozenset[tuple[str, str]]
+
+
+def _series_values(influx: Any, query: str) -> dict[Labels, list[float]]:
+    out: dict[Labels, list[float]] = {}
+    for res in influx.query(query, db="gpulse").get("results", []):
+        for s in res.get("series", []) or []:
+            labels = frozenset((s.get("tags") or {}).items())
+            out[labels] = [v[1] for v in s["values"] if v[1] is not None]
+    return out
+
+
+_OPS = {"gt": lambda a, b: a > b, "lt": lambda a, b: a < b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+_COMPARISON = re.compile(r"\s*\$(\w+)\s*([<>])\s*(-?[\d.]+)\s*")
+
+
+def _math(expression: str, results: dict[str, dict[Labels, float]]) -> dict[Labels, float]:
+    """``$a < 10 && $b > 5`` per label set present in every operand (Grafana joins equal label sets)."""
+    terms = [_COMPARISON.fullmatch(t) for t in expression.split("&&")]
+    assert all(terms), f"math beyond &&-joined comparisons is not modelled here: {expression}"
+    common = set.intersection(*(set(results[m.group(1)]) for m in terms if m))
+    return {
+        labels: float(all(_OPS[m.group(2)](results[m.group(1)][labels], float(m.group(3))) for m in terms if m))
+        for labels in common
+    }
+
+
+def evaluate(influx: Any, rule: dict[str, Any]) -> dict[Labels, bool]:
+    """What Grafana's alerting would decide for each series of ``rule`` now (True = firing)."""
+    results: dict[str, Any] = {}
+    for d in rule["data"]:
+        model = d["model"]
+        if d["datasourceUid"] == DATASOURCE_UID:
+            q = interpolate(model["query"], {}, time_from=f"now-{d['relativeTimeRange']['from']}s", interval="1s")
+            results[d["refId"]] = _series_values(influx, q)
+        elif model["type"] == "reduce":
+            assert model["reducer"] == "last" and model["settings"]["mode"] == "dropNN"
+            results[d["refId"]] = {k: v[-1] for k, v in results[model["expression"]].items() if v}
+        elif model["type"] == "math":
+            results[d["refId"]] = _math(model["expression"], results)
+        elif model["type"] == "threshold":
+            (cond,) = model["conditions"]
+            op, (param,) = cond["evaluator"]["type"], cond["evaluator"]["params"]
+            results[d["refId"]] = {
+                k: _OPS[op](v, param) for k, v in results[model["expression"]].items() if not math.isnan(v)
+            }
+        else:
+            raise AssertionError(f"unmodelled expression type {model['type']}")
+    return results[rule["condition"]]
+
+
+def _firing(decisions: dict[Labels, bool]) -> set[tuple[str, ...]]:
+    return {tuple(v for _, v in sorted(labels)) for labels, fire in decisions.items() if fire}
+
+
+EXPECTED_FIRING = {
+    "gpulse-gpu-idle-memory": {("0", "idle-node")},
+    "gpulse-gpu-throttled": {("1", HOST)},
+    "gpulse-gpu-xid": {("1", HOST)},
+    "gpulse-agent-silent": {("silent-node",)},
+    "gpulse-agent-spool-growing": {("spooling-node",)},
+}
+
+
+@pytest.mark.parametrize("rule", alerts.rules(), ids=lambda r: r["uid"])
+def test_an_alert_rule_fires_exactly_for_the_series_in_trouble(filled: dict[str, Any], rule: dict[str, Any]) -> None:
+    decisions = evaluate(filled["influx"], rule)
+    assert decisions, f"{rule['uid']}: its queries returned no series"
+    assert _firing(decisions) == EXPECTED_FIRING[rule["uid"]], json.dumps(
+        {"/".join(v for _, v in sorted(k)): f for k, f in decisions.items()}, indent=1
+    )

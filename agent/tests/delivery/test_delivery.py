@@ -1,0 +1,284 @@
+"""Delivery as a whole: tickets and durability, the record file, restarts, SIGKILL, a tiny or full spool.
+
+The database here is ``FakeInfluxV2`` (see ``support/fake_influx_v2.py``: it stands in for
+InfluxDB 2's documented write endpoint); the v1 sink is tested against a real InfluxDB 1.x in
+``test_sink_v1.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from support.fake_influx_v2 import FakeInfluxV2
+from support.influxd import free_port
+from support.waiting import wait_until
+
+from gpulse.delivery import spool as spool_mod
+from gpulse.delivery.pipeline import Delivery, build_sinks, deliver_batches
+from gpulse.delivery.retry import RetryPolicy
+from gpulse.influx.connection import ConfigError, Connection
+from gpulse.sinks.influx_v1 import InfluxV1Sink
+from gpulse.sinks.influx_v2 import InfluxV2Sink
+from gpulse.sinks.record import RecordSink
+
+TOKEN = "secret-token"
+FAST = RetryPolicy(initial=0.02, max_delay=0.1, config_min_delay=0.0)
+T0 = 1_700_000_000_000_000_000
+
+
+def lp(i: int) -> str:
+    return f"m,host=h v={i}i {T0 + i}\n"
+
+
+def v2(url: str) -> InfluxV2Sink:
+    return InfluxV2Sink(url, TOKEN, "gpulse", "gpulse", timeout_s=2)
+
+
+def wait_for(cond, timeout: float = 10.0) -> None:
+    wait_until(cond, timeout, every=0.01)
+
+
+@pytest.fixture
+def fake():
+    server = FakeInfluxV2(token=TOKEN).start()
+    yield server
+    server.stop()
+
+
+def test_stats_have_exactly_the_documented_keys_and_nothing_before_the_first_write(tmp_path):
+    d = Delivery([RecordSink(tmp_path / "r.lp")], spool_dir=None)
+    s = d.stats()
+    assert set(s) == {
+        "lines_written",
+        "lines_spooled",
+        "lines_replayed",
+        "lines_dropped",
+        "lines_rejected",
+        "spool_bytes",
+        "buffer_lines",
+        "write_latency_ms",
+        "last_write_age_s",
+        "last_write_unix",
+    }
+    assert s["last_write_age_s"] is None and s["last_write_unix"] is None and s["write_latency_ms"] is None
+
+
+def test_the_record_file_gets_every_line_as_plain_line_protocol(tmp_path):
+    path = tmp_path / "rec" / "out.lp"
+    d = Delivery(build_sinks(None, str(path)), spool_dir=tmp_path / "spool", flush_interval=0.05)
+    d.start()
+    lines = [lp(i) for i in range(2500)]
+    for i in range(0, 2500, 100):
+        assert d.submit(lines[i : i + 100]) == i + 100
+    assert d.flush(5) and d.durable_upto == 2500
+    d.close(2)
+    assert path.read_text() == "".join(lines)
+    assert d.stats()["lines_written"] == 2500
+
+
+def test_build_sinks_follows_the_connection(tmp_path):
+    assert build_sinks(Connection(url=None), str(tmp_path / "r.lp"))[0].name == "record"
+    v1 = build_sinks(Connection(url="http://127.0.0.1:1", api="v1", bucket="db/rp", token="u:p"), None)
+    assert isinstance(v1[0], InfluxV1Sink) and (v1[0].database, v1[0].retention_policy) == ("db", "rp")
+    both = build_sinks(Connection(url="http://127.0.0.1:1", token="t"), str(tmp_path / "r.lp"))
+    assert [type(s) for s in both] == [InfluxV2Sink, RecordSink]
+    with pytest.raises(ConfigError):
+        build_sinks(None, None)
+
+
+def test_durable_upto_waits_for_every_sink(fake, tmp_path):
+    port = free_port()  # nothing listens there
+    d = Delivery(
+        [v2(f"http://127.0.0.1:{port}"), RecordSink(tmp_path / "r.lp")],
+        spool_dir=None,
+        flush_interval=0.05,
+        policy=FAST,
+    )
+    d.start()
+    d.submit([lp(i) for i in range(10)])
+    time.sleep(0.5)
+    assert d.durable_upto == 0  # the record file has it, the database does not, and there is no spool
+    assert not d.flush(0.3)
+    back = FakeInfluxV2(token=TOKEN, port=port).start()
+    try:
+        assert d.flush(10)
+        assert d.durable_upto == 10 and back.lines == [lp(i) for i in range(10)]
+    finally:
+        d.close(2)
+        back.stop()
+
+
+def test_close_spools_what_the_database_did_not_take_and_a_restart_replays_it_first(fake, tmp_path):
+    port = free_port()
+    spool = tmp_path / "spool"
+    d = Delivery([v2(f"http://127.0.0.1:{port}")], spool_dir=spool, flush_interval=0.05, policy=FAST)
+    d.start()
+    d.submit([lp(i) for i in range(300)])
+    t0 = time.monotonic()
+    d.close(5)
+    assert time.monotonic() - t0 < 2.0  # everything was durable and the database down: no point waiting
+    assert d.stats()["lines_spooled"] == 300 and d.stats()["spool_bytes"] > 0
+    assert stat_mode(spool) == 0o700 and stat_mode(spool / "influx") == 0o700
+
+    again = Delivery([v2(fake.url)], spool_dir=spool, flush_interval=0.05, policy=FAST)
+    again.start()
+    again.submit([lp(i) for i in range(300, 400)])  # new data goes behind the backlog
+    assert again.flush(10)
+    again.close(2)
+    assert fake.lines == [lp(i) for i in range(400)]
+    s = again.stats()
+    assert (s["lines_written"], s["spool_bytes"]) == (400, 0)
+    assert 300 <= s["lines_replayed"] <= 400  # the new lines too, if they queued behind the backlog
+
+
+def stat_mode(p: Path) -> int:
+    return os.stat(p).st_mode & 0o777
+
+
+def test_a_tiny_spool_stays_alive_drops_the_oldest_and_counts_them(fake, tmp_path):
+    port = free_port()
+    d = Delivery(
+        [v2(f"http://127.0.0.1:{port}")],
+        spool_dir=tmp_path / "spool",
+        spool_max_bytes=16 << 10,
+        flush_interval=0.05,
+        policy=FAST,
+    )
+    d.start()
+    for k in range(40):  # ~1.4 MB through a 16 KiB spool
+        d.submit([lp(1000 * k + i) for i in range(1000)])
+        time.sleep(0.01)
+    wait_for(lambda: d.durable_upto == 40_000)
+    s = d.stats()
+    assert s["spool_bytes"] <= 16 << 10 and s["lines_dropped"] > 30_000
+    back = FakeInfluxV2(token=TOKEN, port=port).start()
+    try:
+        assert d.flush(10)
+        d.close(2)
+        s = d.stats()
+        assert s["lines_written"] + s["lines_dropped"] == 40_000  # every line accounted for
+        got = [int(line.split("v=")[1].split("i")[0]) for line in back.lines]
+        assert got == sorted(set(got)) and got[-1] == 39_999  # in order, no duplicates
+        tail = got[-300:]  # what the spool kept at the end: the newest lines, without a gap
+        assert tail == list(range(40_000 - 300, 40_000))
+    finally:
+        back.stop()
+
+
+def test_a_full_disk_counts_drops_and_delivery_carries_on(fake, tmp_path, monkeypatch):
+    port = free_port()
+    d = Delivery([v2(f"http://127.0.0.1:{port}")], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
+    real = spool_mod.write_all
+
+    def enospc(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool_mod, "write_all", enospc)
+    d.start()
+    d.submit([lp(i) for i in range(100)])  # A: in flight, failing, cannot be spooled: kept in memory
+    wait_for(lambda: d.workers[0].retries >= 3)
+    d.submit([lp(i) for i in range(100, 200)])  # B: cannot be spooled: dropped and counted
+    wait_for(lambda: d.stats()["lines_dropped"] == 100)
+    assert d.durable_upto == 0
+    monkeypatch.setattr(spool_mod, "write_all", real)
+    d.submit([lp(i) for i in range(200, 300)])  # C: the disk has room again
+    wait_for(lambda: d.durable_upto == 300 and d.stats()["lines_spooled"] == 200)
+    back = FakeInfluxV2(token=TOKEN, port=port).start()
+    try:
+        assert d.flush(10)
+        d.close(2)
+        assert back.lines == [lp(i) for i in [*range(100), *range(200, 300)]]
+        s = d.stats()
+        assert (s["lines_written"], s["lines_dropped"]) == (200, 100)
+    finally:
+        back.stop()
+
+
+def test_without_a_spool_memory_is_capped_and_the_overflow_counted(tmp_path):
+    port = free_port()
+    d = Delivery(
+        [v2(f"http://127.0.0.1:{port}")],
+        spool_dir=None,
+        flush_interval=0.05,
+        max_lines=100,
+        memory_max_bytes=20_000,
+        policy=FAST,
+    )
+    d.start()
+    for k in range(20):
+        d.submit([lp(100 * k + i) for i in range(100)])
+        time.sleep(0.02)
+    time.sleep(0.2)
+    s = d.stats()
+    assert s["lines_dropped"] > 0 and s["buffer_lines"] * 34 <= 2 * 20_000
+    d.close(0.5)
+    assert d.stats()["lines_dropped"] + d.stats()["lines_written"] == 2000
+
+
+def test_deliver_batches_pushes_a_file_synchronously_with_the_same_policy(fake, tmp_path):
+    lines = [lp(i) for i in range(1000)]
+    lines[500] = "not line protocol\n"
+    r = deliver_batches(v2(fake.url), iter(lines), max_lines=300, policy=FAST, dead_letter_path=tmp_path / "dl.lp")
+    assert (r.written, r.rejected, r.failed) == (999, 1, 0)
+    assert "not line protocol\n" in (tmp_path / "dl.lp").read_text()
+    dead = deliver_batches(v2(f"http://127.0.0.1:{free_port()}"), iter(lines[:10]), policy=FAST, deadline_s=0.3)
+    assert (dead.written, dead.failed) == (0, 10)
+    fake.token = "another"  # a wrong token fails at once, without waiting for a deadline
+    t0 = time.monotonic()
+    denied = deliver_batches(v2(fake.url), iter(lines[:10]), max_lines=3, policy=FAST)
+    assert (denied.written, denied.failed) == (0, 10) and "HTTP 401" in denied.error
+    assert time.monotonic() - t0 < 2.0
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from gpulse.delivery.pipeline import Delivery
+    from gpulse.delivery.retry import RetryPolicy
+    from gpulse.sinks.influx_v2 import InfluxV2Sink
+    url, spool = sys.argv[1], sys.argv[2]
+    d = Delivery([InfluxV2Sink(url, "t", "gpulse", "gpulse", timeout_s=1)], spool_dir=spool, flush_interval=0.2,
+                 policy=RetryPolicy(initial=0.05, max_delay=0.2))
+    d.start()
+    n = 0
+    while True:
+        n = d.submit([f"m,host=h v={n + i}i {1_700_000_000_000_000_000 + n + i}\\n" for i in range(20)])
+        print(n, time.monotonic(), flush=True)
+        time.sleep(0.02)
+    """
+)
+
+
+def test_sigkill_while_the_database_is_down_loses_at_most_one_flush_interval(fake, tmp_path):
+    port = free_port()
+    spool = tmp_path / "spool"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, f"http://127.0.0.1:{port}", str(spool)], stdout=subprocess.PIPE, text=True
+    )
+    progress: list[tuple[int, float]] = []
+    try:
+        assert child.stdout is not None
+        while not progress or progress[-1][1] - progress[0][1] < 1.5:
+            ticket, at = child.stdout.readline().split()
+            progress.append((int(ticket), float(at)))
+    finally:
+        killed_at = time.monotonic()
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    d = Delivery([v2(fake.url)], spool_dir=spool, flush_interval=0.05, policy=FAST)
+    d.start()
+    assert d.flush(10)
+    d.close(2)
+    recovered = len(fake.lines)
+    assert fake.lines == [lp(i) for i in range(recovered)]  # a prefix, in order
+    # everything submitted more than one flush interval (+ scheduling slack) before the kill survived
+    must = max((t for t, at in progress if at < killed_at - 0.2 - 0.3), default=0)
+    assert must > 0 and recovered >= must

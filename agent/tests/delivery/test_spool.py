@@ -1,0 +1,170 @@
+"""The disk spool: order, durability across restarts, damage, the size cap and a full disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+
+from gpulse.delivery import spool as spool_mod
+from gpulse.delivery.spool import HEADER, Spool
+
+
+def batch(k: int, n: int = 10) -> list[str]:
+    return [f"m,b={k} v={i}i {k * 1000 + i}\n" for i in range(n)]
+
+
+def drain(s: Spool) -> list[list[str]]:
+    out = []
+    while (rec := s.peek()) is not None:
+        out.append(rec.lines)
+        assert s.ack(rec.segment, rec.offset)
+    return out
+
+
+def segments(path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.name.endswith(".seg"))
+
+
+def test_batches_come_back_in_order_with_their_tickets_and_the_directory_is_private(tmp_path):
+    s = Spool(tmp_path / "sp", max_bytes=1 << 20, segment_bytes=2000)
+    for k in range(20):
+        assert s.append(batch(k), epoch=7, end_ticket=10 * (k + 1)).lines == 10
+    assert stat.S_IMODE((tmp_path / "sp").stat().st_mode) == 0o700
+    assert len(segments(tmp_path / "sp")) >= 3  # rotated
+    rec = s.peek()
+    assert (rec.epoch, rec.end_ticket) == (7, 10)
+    assert s.peek() == rec  # the same head until acked
+    assert drain(s) == [batch(k) for k in range(20)]
+    assert not s.has_data() and s.bytes == 0 and segments(tmp_path / "sp") == []
+    assert s.lines_spooled == 200
+
+
+def test_a_restart_resumes_after_the_last_acked_record(tmp_path):
+    s = Spool(tmp_path, segment_bytes=2000)
+    for k in range(10):
+        s.append(batch(k))
+    for _ in range(4):
+        rec = s.peek()
+        s.ack(rec.segment, rec.offset)
+    s.close()  # like a crash: nothing else is written at exit
+    again = Spool(tmp_path, segment_bytes=2000)
+    assert drain(again) == [batch(k) for k in range(4, 10)]
+    again.append(batch(99))  # a restarted spool appends to a new segment
+    assert drain(again) == [batch(99)]
+
+
+def test_a_torn_tail_is_skipped_and_counted_and_later_segments_survive(tmp_path):
+    s = Spool(tmp_path, segment_bytes=1 << 20)
+    for k in range(3):
+        s.append(batch(k))
+    s.close()
+    seg = tmp_path / segments(tmp_path)[0]
+    size = seg.stat().st_size
+    os.truncate(seg, size - 50)  # the last record was cut mid-write
+    again = Spool(tmp_path)
+    again.append(batch(3))  # goes to a new segment
+    assert drain(again) == [batch(0), batch(1), batch(3)]
+    assert again.records_corrupt == 1
+    assert again.lines_dropped == 10  # the torn record's header still says how many lines it held
+
+
+def test_a_flipped_byte_loses_exactly_that_record(tmp_path):
+    s = Spool(tmp_path, segment_bytes=1000)
+    for k in range(6):
+        s.append(batch(k))
+    s.close()
+    first = tmp_path / segments(tmp_path)[0]
+    data = bytearray(first.read_bytes())
+    data[HEADER.size + 5] ^= 0xFF  # inside the first record's payload
+    first.write_bytes(bytes(data))
+    again = Spool(tmp_path, segment_bytes=1000)
+    assert drain(again) == [batch(k) for k in range(1, 6)]
+    assert again.records_corrupt == 1
+    assert again.lines_dropped == 10
+
+
+def test_a_damaged_header_resynchronises_on_the_next_good_record(tmp_path):
+    s = Spool(tmp_path, segment_bytes=1 << 20)
+    for k in range(4):
+        s.append(batch(k))
+    s.close()
+    seg = tmp_path / segments(tmp_path)[0]
+    data = bytearray(seg.read_bytes())
+    data[0:4] = b"XXXX"  # the first record's magic is gone
+    seg.write_bytes(bytes(data))
+    again = Spool(tmp_path)
+    assert drain(again) == [batch(k) for k in range(1, 4)]
+    assert again.records_corrupt == 1 and again.lines_dropped >= 10
+
+
+def test_garbage_files_and_a_bad_ack_file_never_crash_it(tmp_path):
+    (tmp_path / "00000000000000000001.seg").write_bytes(b"\x00garbage\n" * 10)
+    (tmp_path / "ack").write_text("not numbers")
+    s = Spool(tmp_path)
+    s.append(batch(1))
+    assert drain(s) == [batch(1)]
+    assert s.records_corrupt == 1
+
+
+def test_when_full_the_oldest_segment_is_dropped_and_counted(tmp_path):
+    one = len(HEADER.pack(b"GPS1", 0, 0, 0, 0, 0)) + len("".join(batch(0)))
+    s = Spool(tmp_path, max_bytes=10 * one, segment_bytes=2 * one)
+    for k in range(30):
+        assert s.append(batch(k)).lines == 10
+        assert s.bytes <= 10 * one
+    got = drain(s)
+    assert got == [batch(k) for k in range(30 - len(got), 30)]  # the newest survive, in order
+    assert len(got) >= 10 - 2 - 1  # the cap, less one segment dropped whole and the record being added
+    assert s.lines_dropped == 10 * (30 - len(got))
+
+
+def test_a_line_larger_than_the_whole_spool_is_refused(tmp_path):
+    s = Spool(tmp_path, max_bytes=4096)
+    assert s.append(["x" * 5000 + "\n"]).lines == 0
+    assert not s.has_data()
+
+
+def test_a_batch_larger_than_a_segment_is_stored_as_several_records_with_their_tickets(tmp_path):
+    s = Spool(tmp_path, max_bytes=16384, segment_bytes=4096)
+    lines = batch(1, 400)  # ~7 KB
+    stored = s.append(lines, epoch=3, end_ticket=1200)
+    assert stored.lines == 400 and len(stored.positions) > 1
+    recs = []
+    while (rec := s.peek()) is not None:
+        recs.append(rec)
+        s.ack(rec.segment, rec.offset)
+    assert [line for r in recs for line in r.lines] == lines
+    assert recs[-1].end_ticket == 1200 and len(recs) >= 2 and recs[0].end_ticket == 1200 - 400 + len(recs[0].lines)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+def test_a_full_disk_drops_that_batch_without_corrupting_the_spool(tmp_path, monkeypatch, code):
+    s = Spool(tmp_path)
+    s.append(batch(0))
+    real = spool_mod.write_all
+
+    def half_then_fail(fd, data):  # writes part of the record, then the disk is full
+        real(fd, data[: len(data) // 2])
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(spool_mod, "write_all", half_then_fail)
+    assert s.append(batch(1)).lines == 0
+    assert s.append(batch(2)).lines == 0
+    assert s.write_errors == 2
+    monkeypatch.setattr(spool_mod, "write_all", real)
+    assert s.append(batch(3)).lines == 10  # space again: it keeps going
+    assert drain(s) == [batch(0), batch(3)]
+    assert s.records_corrupt == 0
+
+
+def test_a_spool_directory_of_another_user_is_refused(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("needs root to chown")
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o700)
+    os.chown(d, 12345, 12345)
+    with pytest.raises(PermissionError):
+        Spool(d)

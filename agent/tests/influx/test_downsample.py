@@ -1,0 +1,169 @@
+"""The downsampling plan is derived from the schema, and the 2.x tasks and 1.x continuous queries agree on it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from support.fixtures import REPO
+
+from gpulse import schema
+from gpulse.influx import downsample
+from gpulse.influx.downsample import (
+    TIERS,
+    continuous_queries,
+    flux_task,
+    generated_files,
+    influxql_select,
+    output_fields,
+    parse_duration,
+)
+
+
+def expected_outputs() -> dict[str, set[str]]:
+    """What the schema says each downsampled measurement keeps, worked out here independently."""
+    out: dict[str, set[str]] = {}
+    for m in schema.MEASUREMENTS.values():
+        if not m.downsampled:
+            continue
+        names: set[str] = set()
+        for f in m.fields:
+            if f.type not in ("float", "int") or f.kind == "info":
+                continue
+            names |= {f.name} if f.kind == "counter" else {f.name, f.name + "_max", f.name + "_min"}
+        if names:
+            out[m.name] = names
+    return out
+
+
+def cq_outputs(statements: list[str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for s in statements:
+        m = re.search(r'INTO "[^"]+"\."[^"]+"\."([^"]+)"', s)
+        assert m, s
+        out.setdefault(m.group(1), set()).update(re.findall(r'\) AS "([^"]+)"', s))
+    return out
+
+
+def flux_outputs(text: str) -> dict[str, set[str]]:
+    """Fields a task writes, read back from its Flux: each pipeline's field regexes plus its rename suffix."""
+    out: dict[str, set[str]] = {}
+    for block in re.split(r"\n(?=\w+ = \(\) =>)", text)[1:]:
+        suffix = re.search(r'_field: r\._field \+ "(\w+)"', block)
+        for measurement, fields in re.findall(r'r\._measurement == "(\w+)" and r\._field =~ /\^\(([^)]*)\)\$/', block):
+            out.setdefault(measurement, set()).update(
+                f + (suffix.group(1) if suffix else "") for f in fields.split("|")
+            )
+    return out
+
+
+def test_gauges_become_mean_max_min_and_counters_last_for_every_downsampled_measurement():
+    assert output_fields(TIERS[0]) == expected_outputs()
+    assert {"gpu", "agent", "train_step"} <= set(expected_outputs())
+
+
+def test_string_info_and_non_downsampled_fields_are_never_aggregated():
+    written = {(m, f) for m, fields in output_fields().items() for f in fields}
+    for m in schema.MEASUREMENTS.values():
+        for f in m.fields:
+            if f.type == "str" or f.kind == "info" or not m.downsampled:
+                assert (m.name, f.name) not in written, f"{m.name}.{f.name} must stay in raw only"
+    assert "gpu_info" not in output_fields() and "train_run" not in output_fields()
+
+
+def test_the_hourly_tier_writes_the_same_fields_as_the_minute_tier():
+    assert output_fields(TIERS[1]) == output_fields(TIERS[0])
+
+
+def test_continuous_queries_and_flux_tasks_write_exactly_the_same_fields():
+    for tier in TIERS:
+        cqs = [q for name, q in continuous_queries("gpulse").items() if name.startswith(f"gpulse_{tier.name}_")]
+        assert cq_outputs(cqs) == flux_outputs(flux_task(tier)) == expected_outputs(), tier.name
+
+
+def test_the_hourly_tier_reads_the_minute_tier_and_reaggregates_its_extremes():
+    cq = influxql_select(TIERS[1], "gpu", "gpulse")
+    assert 'FROM "gpulse"."1m"."gpu"' in cq and 'INTO "gpulse"."1h"."gpu"' in cq
+    assert 'max("util_gpu_pct_max") AS "util_gpu_pct_max"' in cq
+    assert 'min("util_gpu_pct_min") AS "util_gpu_pct_min"' in cq
+    assert 'last("energy_mj") AS "energy_mj"' in cq
+    flux = flux_task(TIERS[1])
+    assert 'from(bucket: "gpulse_1m")' in flux and 'to(bucket: "gpulse_1h")' in flux
+
+
+def test_tasks_catch_up_after_downtime_from_whole_windows_and_keep_tags():
+    for tier in TIERS:
+        flux = flux_task(tier)
+        assert f"date.truncate(t: tasks.lastSuccess(orTime: -task.every), unit: {tier.window})" in flux
+        assert f'option task = {{name: "gpulse_{tier.source}_to_{tier.name}", every: {tier.task_every}' in flux
+        assert "createEmpty: false" in flux and 'timeSrc: "_start"' in flux
+        assert "drop(" not in flux and "group(" not in flux  # every tag stays in the group key
+        cq = continuous_queries()[f"gpulse_{tier.name}_gpu"]
+        assert (
+            f"RESAMPLE EVERY {tier.cq_every} FOR {tier.cq_for}" in cq
+            and "GROUP BY time(" in cq
+            and ", * fill(none)" in cq
+        )
+
+
+def test_a_continuous_query_runs_the_same_select_as_a_one_off_backfill():
+    for tier in TIERS:
+        body = influxql_select(tier, "train_step", "gpulse")
+        ranged = influxql_select(tier, "train_step", "gpulse", 1, 2)
+        assert body in continuous_queries()[f"gpulse_{tier.name}_train_step"]
+        assert re.sub(r" WHERE time >= \d+ AND time < \d+", "", ranged) == body
+
+
+def test_a_backfill_range_is_widened_to_whole_windows():
+    minute = 60 * 10**9
+    q = influxql_select(TIERS[0], "gpu", "gpulse", 10 * minute + 5, 12 * minute + 1)
+    assert f"WHERE time >= {10 * minute} AND time < {13 * minute}" in q
+
+
+def test_checked_in_files_equal_the_generator_output():
+    for rel, text in generated_files().items():
+        assert (REPO / "influxdb" / rel).read_text(encoding="utf-8") == text, f"influxdb/{rel}: run make generate"
+    r = subprocess.run(
+        [sys.executable, "-m", "gpulse.influx.downsample", "--check", str(REPO / "influxdb")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_check_mode_reports_a_stale_file(tmp_path):
+    subprocess.run([sys.executable, "-m", "gpulse.influx.downsample", "--write", str(tmp_path)], check=True)
+    task = tmp_path / "tasks" / "gpulse_raw_to_1m.flux"
+    task.write_text(task.read_text() + "// edited by hand\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "gpulse.influx.downsample", "--check", str(tmp_path)], capture_output=True, text=True
+    )
+    assert r.returncode == 1 and "tasks/gpulse_raw_to_1m.flux" in r.stderr
+
+
+def test_an_output_name_that_collides_with_another_field_is_refused(monkeypatch):
+    bad = schema.Measurement(
+        "bad",
+        "x",
+        ("host",),
+        (schema.Field("temp", "float", "C", "t"), schema.Field("temp_max", "float", "C", "t")),
+    )
+    monkeypatch.setitem(downsample.MEASUREMENTS, "bad", bad)
+    with pytest.raises(ValueError, match="temp_max"):
+        flux_task(TIERS[0])
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [("30d", 30 * 86400 * 10**9), ("720h0m0s", 720 * 3600 * 10**9), ("1h30m", 5400 * 10**9), ("INF", 0), ("0s", 0)],
+)
+def test_durations_parse_in_influxql_and_go_spelling(text, ns):
+    assert parse_duration(text) == ns
+
+
+@pytest.mark.parametrize("text", ["30x", "d", "10m garbage", "-5m"])
+def test_a_bad_duration_is_refused_with_examples(text):
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)

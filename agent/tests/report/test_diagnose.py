@@ -1,0 +1,202 @@
+"""The diagnosis: each check fires on its pattern and stays quiet below its threshold; real loops prove it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from support.fixtures import REPO
+from test_report import make_gpu, make_steps
+
+from gpulse.influx.connection import ConfigError
+from gpulse.report import diagnose as dx
+from gpulse.report.model import build_report
+
+
+@pytest.fixture(autouse=True)
+def fresh_run_id():
+    """Each test is its own run: a Run exports GPULSE_RUN_ID so that processes it starts join it."""
+    os.environ.pop("GPULSE_RUN_ID", None)
+    yield
+    os.environ.pop("GPULSE_RUN_ID", None)
+
+
+def ids(report) -> set[str]:
+    return {f["id"] for f in report["diagnosis"]}
+
+
+def test_docs_report_md_is_generated_from_the_threshold_table():
+    assert (REPO / "docs" / "report.md").read_text(encoding="utf-8") == dx.render_markdown(), (
+        "docs/report.md is stale: run `python -m gpulse.report.diagnose > docs/report.md`"
+    )
+
+
+def test_every_finding_carries_evidence_threshold_and_action():
+    steps = make_steps(wait_s=0.05, slow_rank=1)
+    for row in steps:
+        row["comm_s"] = 0.02
+        row["alloc_retries"] = 3
+        row["mem_reserved_bytes"] = 79 * 2**30
+    r = build_report(steps, make_gpu(util=(95.0, 20.0), throttled_every=2), [], [])
+    assert ids(r) == {"data_loading", "communication", "rank_imbalance", "gpu_imbalance", "throttling", "fragmentation"}
+    for f in r["diagnosis"]:
+        assert f["evidence"] and f["threshold"] and f["action"]
+        assert any(ch.isdigit() for ch in f["evidence"]), f
+
+
+def test_data_loading_fires_above_its_ratio_only():
+    assert "data_loading" in ids(build_report(make_steps(wait_s=0.02), [], [], []))  # 0.02/0.12 = 0.167
+    assert "data_loading" not in ids(build_report(make_steps(wait_s=0.015), [], [], []))  # 0.130
+
+
+def test_communication_fires_above_five_percent_of_step_time():
+    for comm, expected in ((0.006, True), (0.004, False)):
+        steps = make_steps()
+        for row in steps:
+            row["comm_s"] = comm
+        assert ("communication" in ids(build_report(steps, [], [], []))) is expected
+
+
+def test_a_starved_gpu_is_idle_while_its_memory_is_full():
+    gpu = make_gpu(util=(20.0, 20.0))
+    assert "gpu_starved" not in ids(build_report(make_steps(), gpu, [], []))  # memory only half full
+    for row in gpu:
+        row["mem_used_bytes"] = 70 * 2**30  # 87.5 %
+    assert "gpu_starved" in ids(build_report(make_steps(), gpu, [], []))
+
+
+def test_launch_bound_needs_high_util_with_low_sm_activity_and_is_skipped_without_gpm():
+    gpu = make_gpu(util=(95.0, 95.0))
+    for row in gpu:
+        row["sm_active_pct"] = 25.0
+    assert "launch_bound" in ids(build_report(make_steps(), gpu, [], []))
+    for row in gpu:
+        del row["sm_active_pct"]
+    r = build_report(make_steps(), gpu, [], [])
+    assert "launch_bound" not in ids(r) and any("launch_bound" in n for n in r["not_evaluated"])
+
+
+def test_imbalance_compares_each_rank_and_gpu_with_the_median():
+    r = build_report(make_steps(ranks=4, slow_rank=2), [], [], [])
+    assert ids(r) == {"rank_imbalance"} and r["diagnosis"][0]["data"]["ranks"] == [2]
+    assert "rank_imbalance" not in ids(build_report(make_steps(ranks=4), [], [], []))
+    assert "gpu_imbalance" in ids(build_report(make_steps(), make_gpu(util=(90.0, 50.0)), [], []))
+    assert "gpu_imbalance" not in ids(build_report(make_steps(), make_gpu(util=(90.0, 70.0)), [], []))
+
+
+def test_a_straggler_hidden_behind_ddp_waiting_is_found_through_compute_time():
+    """In DDP every rank's step takes as long as the slowest; the fast ones spend the gap in comm."""
+    steps = make_steps(ranks=2)
+    for row in steps:
+        row["step_time_s"] = 0.2
+        row["comm_s"] = 0.01 if row["rank"] == "1" else 0.15
+    r = build_report(steps, [], [], [])
+    assert "rank_imbalance" in ids(r) and next(f for f in r["diagnosis"] if f["id"] == "rank_imbalance")["data"][
+        "ranks"
+    ] == [1]
+
+
+def test_throttling_fires_above_ten_percent_of_samples():
+    assert "throttling" in ids(build_report(make_steps(), make_gpu(throttled_every=5), [], []))  # 20 %
+    assert "throttling" not in ids(build_report(make_steps(), make_gpu(throttled_every=15), [], []))  # 6.7 %
+
+
+def test_fragmentation_needs_retries_and_memory_near_capacity():
+    steps = make_steps()
+    for row in steps:
+        row["alloc_retries"] = 2
+    gpu = make_gpu()
+    assert "fragmentation" not in ids(build_report(steps, gpu, [], []))  # 3 GiB reserved of 80
+    for row in steps:
+        row["mem_reserved_bytes"] = 75 * 2**30
+    assert "fragmentation" in ids(build_report(steps, gpu, [], []))
+    assert "fragmentation" in ids(build_report(steps, [], [], []))  # capacity unknown: retries alone say it
+
+
+def test_thresholds_are_configurable_and_unknown_names_are_refused():
+    steps = make_steps(wait_s=0.02)
+    assert "data_loading" not in ids(build_report(steps, [], [], [], thresholds={"data_loading_ratio": 0.2}))
+    assert (
+        build_report(steps, [], [], [], thresholds={"data_loading_ratio": 0.2})["thresholds"]["data_loading_ratio"]
+        == 0.2
+    )
+    with pytest.raises(ConfigError, match="unknown threshold"):
+        build_report(steps, [], [], [], thresholds={"data_loding_ratio": 0.2})
+    assert dx.parse_threshold_args(["throttle_ratio=0.3"]) == {"throttle_ratio": 0.3}
+    with pytest.raises(ConfigError, match="not a number"):
+        dx.parse_threshold_args(["throttle_ratio=high"])
+
+
+# -- real training loops ----------------------------------------------------------------------------
+class SlowDataset(torch.utils.data.Dataset):
+    """A dataset whose every sample costs ``delay_s`` to "decode": a planted input bottleneck."""
+
+    def __init__(self, n: int, delay_s: float) -> None:
+        self.x = torch.randn(n, 64)
+        self.y = torch.randn(n, 1)
+        self.delay_s = delay_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.x[i], self.y[i]
+
+
+def train(out: Path, loader, steps: int, hidden: int = 256) -> dict:
+    from gpulse.training import Run
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 1),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run = Run(name="diag", output_dir=out, socket_path=str(out / "no-agent.sock"), ack_timeout=0.5)
+    n = 0
+    for x, y in run.wrap_loader(loader):
+        with run.step(samples=len(x)):
+            with run.phase("forward"):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+            with run.phase("backward"):
+                opt.zero_grad()
+                loss.backward()
+            with run.phase("optimizer"):
+                opt.step()
+        n += 1
+        if n == steps:
+            break
+    run.finish()
+    return json.loads((out / "metrics_report.json").read_text())
+
+
+def test_a_slow_data_loader_is_diagnosed_in_a_real_training_loop(tmp_path):
+    loader = torch.utils.data.DataLoader(SlowDataset(256, 0.01), batch_size=4)
+    report = train(tmp_path, loader, steps=15)
+    assert report["train_steps"] == 15
+    # 40 ms of loading per step against a few ms of compute (more on a loaded CI machine)
+    assert report["data_loading_time_ratio"] > report["thresholds"]["data_loading_ratio"]
+    finding = next(f for f in report["diagnosis"] if f["id"] == "data_loading")
+    assert "num_workers" in finding["action"]
+    print("\n" + json.dumps(finding, indent=2))
+
+
+def test_a_fast_loader_is_not_diagnosed(tmp_path):
+    ds = SlowDataset(4096, 0.0)
+    # Whole batches by index: one tensor gather per batch, as fast as a loader gets on CPU.
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(ds), batch_size=64, drop_last=True)
+    loader = torch.utils.data.DataLoader(ds, sampler=sampler, batch_size=None)
+    # ~10 ms of compute per step over 40 steps: a preempted batch fetch on a busy machine stays noise
+    report = train(tmp_path, loader, steps=40, hidden=2048)
+    assert report["train_steps"] == 40
+    assert report["data_loading_time_ratio"] < 0.15
+    assert "data_loading" not in ids(report)
