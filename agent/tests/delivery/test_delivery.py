@@ -22,9 +22,11 @@ from support.influxd import free_port
 from support.waiting import wait_until
 
 from gpulse.delivery import spool as spool_mod
-from gpulse.delivery.pipeline import Delivery, build_sinks, deliver_batches
+from gpulse.delivery.oneshot import deliver_batches
+from gpulse.delivery.pipeline import Delivery
 from gpulse.delivery.retry import RetryPolicy
 from gpulse.influx.connection import ConfigError, Connection
+from gpulse.sinks.factory import build_sinks
 from gpulse.sinks.influx_v1 import InfluxV1Sink
 from gpulse.sinks.influx_v2 import InfluxV2Sink
 from gpulse.sinks.record import RecordSink

@@ -218,7 +218,8 @@ class Agent:
         return EXIT_OK
 
     def _start_pipeline(self) -> None:
-        from gpulse.delivery.pipeline import Delivery, build_sinks
+        from gpulse.delivery.pipeline import Delivery
+        from gpulse.sinks.factory import build_sinks
 
         cfg = self.cfg
         sinks = build_sinks(cfg.connection if cfg.connection.url else None, cfg.record)

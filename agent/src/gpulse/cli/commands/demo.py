@@ -85,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from gpulse.cli import demo
-    from gpulse.delivery.pipeline import build_sinks, deliver_batches
+    from gpulse.delivery.oneshot import deliver_batches
     from gpulse.lineprotocol.encode import Encoder
+    from gpulse.sinks.factory import build_sinks
 
     if args.gpus < 2 or args.hours <= 0 or args.interval <= 0:
         raise ConfigError("--gpus must be at least 2, --hours and --interval positive")

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         return 3 if checked.bad else 0
 
     from gpulse.cli.commands.report import connection_from
-    from gpulse.delivery.pipeline import build_sinks, deliver_batches
+    from gpulse.delivery.oneshot import deliver_batches
+    from gpulse.sinks.factory import build_sinks
 
     conn = connection_from(args)
     sinks = [s for s in build_sinks(conn, None) if s.is_database]
