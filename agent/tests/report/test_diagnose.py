@@ -12,9 +12,9 @@ import torch
 from support.fixtures import REPO
 from test_report import make_gpu, make_steps
 
-from gpulse.influx.connection import ConfigError
 from gpulse.report import diagnose as dx
 from gpulse.report.model import build_report
+from gpulse.report.records import RunReport
 
 
 @pytest.fixture(autouse=True)
@@ -25,8 +25,8 @@ def fresh_run_id():
     os.environ.pop("GPULSE_RUN_ID", None)
 
 
-def ids(report) -> set[str]:
-    return {f["id"] for f in report["diagnosis"]}
+def ids(report: RunReport) -> set[str]:
+    return {f.id for f in report.diagnosis}
 
 
 def test_docs_report_md_is_generated_from_the_threshold_table():
@@ -43,9 +43,9 @@ def test_every_finding_carries_evidence_threshold_and_action():
         row["mem_reserved_bytes"] = 79 * 2**30
     r = build_report(steps, make_gpu(util=(95.0, 20.0), throttled_every=2), [], [])
     assert ids(r) == {"data_loading", "communication", "rank_imbalance", "gpu_imbalance", "throttling", "fragmentation"}
-    for f in r["diagnosis"]:
-        assert f["evidence"] and f["threshold"] and f["action"]
-        assert any(ch.isdigit() for ch in f["evidence"]), f
+    for f in r.diagnosis:
+        assert f.evidence and f.threshold and f.action
+        assert any(ch.isdigit() for ch in f.evidence), f
 
 
 def test_data_loading_fires_above_its_ratio_only():
@@ -77,12 +77,12 @@ def test_launch_bound_needs_high_util_with_low_sm_activity_and_is_skipped_withou
     for row in gpu:
         del row["sm_active_pct"]
     r = build_report(make_steps(), gpu, [], [])
-    assert "launch_bound" not in ids(r) and any("launch_bound" in n for n in r["not_evaluated"])
+    assert "launch_bound" not in ids(r) and any("launch_bound" in n for n in r.not_evaluated)
 
 
 def test_imbalance_compares_each_rank_and_gpu_with_the_median():
     r = build_report(make_steps(ranks=4, slow_rank=2), [], [], [])
-    assert ids(r) == {"rank_imbalance"} and r["diagnosis"][0]["data"]["ranks"] == [2]
+    assert ids(r) == {"rank_imbalance"} and r.diagnosis[0].data["ranks"] == [2]
     assert "rank_imbalance" not in ids(build_report(make_steps(ranks=4), [], [], []))
     assert "gpu_imbalance" in ids(build_report(make_steps(), make_gpu(util=(90.0, 50.0)), [], []))
     assert "gpu_imbalance" not in ids(build_report(make_steps(), make_gpu(util=(90.0, 70.0)), [], []))
@@ -95,9 +95,7 @@ def test_a_straggler_hidden_behind_ddp_waiting_is_found_through_compute_time():
         row["step_time_s"] = 0.2
         row["comm_s"] = 0.01 if row["rank"] == "1" else 0.15
     r = build_report(steps, [], [], [])
-    assert "rank_imbalance" in ids(r) and next(f for f in r["diagnosis"] if f["id"] == "rank_imbalance")["data"][
-        "ranks"
-    ] == [1]
+    assert "rank_imbalance" in ids(r) and next(f for f in r.diagnosis if f.id == "rank_imbalance").data["ranks"] == [1]
 
 
 def test_throttling_fires_above_ten_percent_of_samples():
@@ -121,13 +119,12 @@ def test_thresholds_are_configurable_and_unknown_names_are_refused():
     steps = make_steps(wait_s=0.02)
     assert "data_loading" not in ids(build_report(steps, [], [], [], thresholds={"data_loading_ratio": 0.2}))
     assert (
-        build_report(steps, [], [], [], thresholds={"data_loading_ratio": 0.2})["thresholds"]["data_loading_ratio"]
-        == 0.2
+        build_report(steps, [], [], [], thresholds={"data_loading_ratio": 0.2}).thresholds["data_loading_ratio"] == 0.2
     )
-    with pytest.raises(ConfigError, match="unknown threshold"):
+    with pytest.raises(dx.ThresholdError, match="unknown threshold"):
         build_report(steps, [], [], [], thresholds={"data_loding_ratio": 0.2})
     assert dx.parse_threshold_args(["throttle_ratio=0.3"]) == {"throttle_ratio": 0.3}
-    with pytest.raises(ConfigError, match="not a number"):
+    with pytest.raises(dx.ThresholdError, match="not a number"):
         dx.parse_threshold_args(["throttle_ratio=high"])
 
 
@@ -199,4 +196,4 @@ def test_a_fast_loader_is_not_diagnosed(tmp_path):
     report = train(tmp_path, loader, steps=40, hidden=2048)
     assert report["train_steps"] == 40
     assert report["data_loading_time_ratio"] < 0.15
-    assert "data_loading" not in ids(report)
+    assert "data_loading" not in {f["id"] for f in report["diagnosis"]}

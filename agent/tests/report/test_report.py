@@ -85,31 +85,31 @@ def make_gpu(n=30, gpus=2, util=(90.0, 90.0), throttled_every=0, run="r1", host=
 def test_report_fields_follow_from_the_steps_and_gpu_samples():
     steps = make_steps()
     r = build_report(steps, make_gpu(), [], [])
-    assert r["run"]["id"] == "r1" and r["run"]["world_size"] == 2 and r["run"]["ranks"] == [0, 1]
-    assert r["train_steps"] == 20
-    assert r["train_runtime"] == pytest.approx(20 * 0.11, rel=1e-6)
-    assert r["train_samples_per_second"] == pytest.approx(2 * 20 * 8 / 2.2, rel=1e-3)
-    assert r["train_steps_per_second"] == pytest.approx(20 / 2.2, rel=1e-3)
-    assert r["train_tokens_per_second"] == pytest.approx(2 * 20 * 8 * 128 / 2.2, rel=1e-3)
-    assert r["data_loading_time_ratio"] == pytest.approx(0.01 / 0.11, abs=1e-4)
-    assert r["communication_time_ratio"] is None  # not measured, not zero
-    assert r["gpu_peak_memory_allocated_gb"] == 2.0
-    assert r["mfu"] == pytest.approx(0.4) and r["tflops_per_gpu"] == pytest.approx(100.0)
-    assert r["gpu_avg_utilization_percent"] == 90.0 and r["gpu_max_utilization_percent"] == 90.0
-    assert r["gpu_avg_sm_active_percent"] == 70.0
+    assert r.run.id == "r1" and r.run.world_size == 2 and r.run.ranks == [0, 1]
+    assert r.train_steps == 20
+    assert r.train_runtime == pytest.approx(20 * 0.11, rel=1e-6)
+    assert r.train_samples_per_second == pytest.approx(2 * 20 * 8 / 2.2, rel=1e-3)
+    assert r.train_steps_per_second == pytest.approx(20 / 2.2, rel=1e-3)
+    assert r.train_tokens_per_second == pytest.approx(2 * 20 * 8 * 128 / 2.2, rel=1e-3)
+    assert r.data_loading_time_ratio == pytest.approx(0.01 / 0.11, abs=1e-4)
+    assert r.communication_time_ratio is None  # not measured, not zero
+    assert r.gpu_peak_memory_allocated_gb == 2.0
+    assert r.mfu == pytest.approx(0.4) and r.tflops_per_gpu == pytest.approx(100.0)
+    assert r.gpu_avg_utilization_percent == 90.0 and r.gpu_max_utilization_percent == 90.0
+    assert r.gpu_avg_sm_active_percent == 70.0
     # 2 GPUs x 29 s x 200 W from the energy counter
-    assert r["energy_kwh"] == pytest.approx(2 * 29 * 200 / 3.6e6, rel=1e-6)
-    assert r["energy_j_per_step"] == pytest.approx(2 * 29 * 200 / 20, rel=1e-6)
-    assert r["throttle_time_ratio"] == 0.0
-    assert r["phases_s"]["forward"] == pytest.approx(0.03) and r["phases_s"]["other"] == pytest.approx(0.01)
-    assert [x["slowdown_vs_median"] for x in r["per_rank"]] == [1.0, 1.0]
-    assert len(r["per_gpu"]) == 2 and r["diagnosis"] == []
+    assert r.energy_kwh == pytest.approx(2 * 29 * 200 / 3.6e6, rel=1e-6)
+    assert r.energy_j_per_step == pytest.approx(2 * 29 * 200 / 20, rel=1e-6)
+    assert r.throttle_time_ratio == 0.0
+    assert r.phases_s["forward"] == pytest.approx(0.03) and r.phases_s["other"] == pytest.approx(0.01)
+    assert [x.slowdown_vs_median for x in r.per_rank] == [1.0, 1.0]
+    assert len(r.per_gpu) == 2 and r.diagnosis == []
 
 
 def test_energy_falls_back_to_power_times_time_without_the_counter():
     gpu = [{k: v for k, v in row.items() if k != "energy_mj"} for row in make_gpu(n=11, gpus=1, power=100.0)]
     r = build_report(make_steps(ranks=1), gpu, [], [])
-    assert r["energy_kwh"] == pytest.approx(10 * 100 / 3.6e6, rel=1e-6)
+    assert r.energy_kwh == pytest.approx(10 * 100 / 3.6e6, rel=1e-6)
 
 
 def test_the_run_end_point_gives_runtime_status_and_gpus():
@@ -127,7 +127,7 @@ def test_the_run_end_point_gives_runtime_status_and_gpus():
         },
     ]
     r = build_report(steps, [], runs, [])
-    assert (r["train_runtime"], r["run"]["status"], r["run"]["gpus"], r["run"]["name"]) == (
+    assert (r.train_runtime, r.run.status, r.run.gpus, r.run.name) == (
         5.0,
         "failed",
         ["GPU-0"],
@@ -141,7 +141,7 @@ def test_null_and_missing_fields_are_ignored_not_counted_as_zero():
         row["mfu"] = None
         del row["tokens"]
     r = build_report(steps, [], [], [])
-    assert r["mfu"] is None and r["train_tokens_per_second"] is None and r["train_samples"] == 32
+    assert r.mfu is None and r.train_tokens_per_second is None and r.train_samples == 32
 
 
 class _Collector(HTMLParser):
@@ -173,9 +173,9 @@ def test_html_report_is_one_self_contained_file_with_the_diagnosis_before_the_pl
     assert p.external == [] and "<script" not in html
     assert html.index('id="diagnosis"') < html.index("<svg")
     assert "ckpt &lt;1&gt;" in html and "ckpt <1>" not in html  # text is escaped
-    for f in r["diagnosis"]:
-        assert f["title"] in html
-    assert {"rank_imbalance", "gpu_imbalance", "throttling"} <= {f["id"] for f in r["diagnosis"]}
+    for f in r.diagnosis:
+        assert f.title in html
+    assert {"rank_imbalance", "gpu_imbalance", "throttling"} <= {f.id for f in r.diagnosis}
 
 
 def _write_recording(path: Path, steps, gpu, runs=()) -> None:

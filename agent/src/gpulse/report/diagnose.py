@@ -1,22 +1,73 @@
-"""The diagnosis: findings from a run report, each with its evidence, threshold and a concrete action.
+"""The diagnosis: a registry of rules, each a function that finds one bottleneck in a report.
 
-Stdlib only (``Run.finish()`` runs it inside training). Every threshold lives in :data:`THRESHOLDS`
-— the single table ``docs/report.md`` is rendered from (``python -m gpulse.report.diagnose``) and
-``gpulse report --threshold name=value`` / ``build_report(thresholds=...)`` override.
+Stdlib only (``Run.finish()`` runs it inside training). A rule is registered with ``@rule(...)``:
+its id and title, the thresholds it reads (fields of :class:`Thresholds`, the single table of
+limits), and the action to take. Its function looks at the report and returns a :class:`Hit`
+(the evidence, with numbers, and the threshold crossed), a :class:`NotEvaluated` (the data it needs
+is missing) or ``None`` (nothing found). ``docs/report.md`` is rendered from the thresholds and the
+rules (``python -m gpulse.report.diagnose``); ``gpulse report --threshold name=value`` and
+``build_report(thresholds=...)`` override limits.
+
+Adding a rule: a function with ``@rule`` below the others (findings come in registry order), its
+thresholds as fields of :class:`Thresholds`, a test in ``agent/tests/report/test_diagnose.py``,
+then ``make generate``. Rules marked ``gpus_only`` read nothing but ``per_gpu`` and also run on a
+node report (a recording without a training run).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypeVar
 
-from gpulse.influx.connection import ConfigError
+from gpulse.report.records import Finding, GpuSummary, NodeReport, RunReport
+
+
+class ThresholdError(ValueError):
+    """An unknown threshold name or a value that is no number; the message says which."""
+
+
+def _limit(default: float, unit: str, doc: str) -> Any:
+    return field(default=default, metadata={"unit": unit, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every limit the rules apply; the field metadata documents each one in ``docs/report.md``."""
+
+    data_loading_ratio: float = _limit(
+        0.15, "ratio", "data_loading_time_ratio above this: the input pipeline starves the GPU"
+    )
+    communication_ratio: float = _limit(0.05, "ratio", "communication_time_ratio above this: exposed communication")
+    starved_util_pct: float = _limit(30.0, "%", "GPU busy (NVML util) below this ...")
+    starved_memory_pct: float = _limit(
+        80.0, "%", "... while its memory is fuller than this: a loaded GPU waiting for work"
+    )
+    launch_bound_util_pct: float = _limit(80.0, "%", "NVML util at least this ...")
+    launch_bound_sm_active_pct: float = _limit(
+        40.0, "%", "... while SM activity (GPM) is below this: busy but mostly idle SMs"
+    )
+    imbalance_factor: float = _limit(
+        1.5, "×", "a rank (compute time) or GPU (busy time) this many times worse than the median"
+    )
+    imbalance_min_util_pct: float = _limit(
+        10.0, "%", "GPU imbalance is judged only when the median GPU is busier than this"
+    )
+    throttle_ratio: float = _limit(0.10, "ratio", "fraction of samples with clocks held back (power/thermal/hardware)")
+    fragmentation_memory_pct: float = _limit(
+        90.0, "%", "peak reserved (else allocated) memory at least this share of capacity ..."
+    )
+    fragmentation_retries: float = _limit(1.0, "count", "... with at least this many caching-allocator retries")
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class Threshold:
+    """One row of the thresholds table (for the docs and error messages)."""
+
     name: str
     default: float
     unit: str
@@ -24,57 +75,16 @@ class Threshold:
 
 
 THRESHOLDS: dict[str, Threshold] = {
-    t.name: t
-    for t in (
-        Threshold(
-            "data_loading_ratio",
-            0.15,
-            "ratio",
-            "data_loading_time_ratio above this: the input pipeline starves the GPU",
-        ),
-        Threshold("communication_ratio", 0.05, "ratio", "communication_time_ratio above this: exposed communication"),
-        Threshold("starved_util_pct", 30.0, "%", "GPU busy (NVML util) below this ..."),
-        Threshold(
-            "starved_memory_pct", 80.0, "%", "... while its memory is fuller than this: a loaded GPU waiting for work"
-        ),
-        Threshold("launch_bound_util_pct", 80.0, "%", "NVML util at least this ..."),
-        Threshold(
-            "launch_bound_sm_active_pct",
-            40.0,
-            "%",
-            "... while SM activity (GPM) is below this: busy but mostly idle SMs",
-        ),
-        Threshold(
-            "imbalance_factor",
-            1.5,
-            "×",
-            "a rank (compute time) or GPU (busy time) this many times worse than the median",
-        ),
-        Threshold(
-            "imbalance_min_util_pct", 10.0, "%", "GPU imbalance is judged only when the median GPU is busier than this"
-        ),
-        Threshold(
-            "throttle_ratio", 0.10, "ratio", "fraction of samples with clocks held back (power/thermal/hardware)"
-        ),
-        Threshold(
-            "fragmentation_memory_pct",
-            90.0,
-            "%",
-            "peak reserved (else allocated) memory at least this share of capacity ...",
-        ),
-        Threshold("fragmentation_retries", 1.0, "count", "... with at least this many caching-allocator retries"),
-    )
+    f.name: Threshold(f.name, f.default, f.metadata["unit"], f.metadata["doc"]) for f in fields(Thresholds)
 }
 
 
-def resolve_thresholds(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The defaults with ``overrides`` applied; an unknown name is a :class:`ConfigError`."""
-    out = {name: t.default for name, t in THRESHOLDS.items()}
-    for name, value in (overrides or {}).items():
-        if name not in THRESHOLDS:
-            raise ConfigError(f"unknown threshold {name!r}; known: {', '.join(THRESHOLDS)}")
-        out[name] = float(value)
-    return out
+def resolve_thresholds(overrides: Mapping[str, float] | None = None) -> Thresholds:
+    """The defaults with ``overrides`` applied; an unknown name is a :class:`ThresholdError`."""
+    unknown = [name for name in overrides or {} if name not in THRESHOLDS]
+    if unknown:
+        raise ThresholdError(f"unknown threshold {unknown[0]!r}; known: {', '.join(THRESHOLDS)}")
+    return Thresholds(**{name: float(v) for name, v in (overrides or {}).items()})
 
 
 def parse_threshold_args(items: list[str] | None) -> dict[str, float]:
@@ -83,210 +93,293 @@ def parse_threshold_args(items: list[str] | None) -> dict[str, float]:
     for item in items or []:
         name, sep, raw = item.partition("=")
         if not sep:
-            raise ConfigError(f"--threshold takes name=value, not {item!r}")
+            raise ThresholdError(f"--threshold takes name=value, not {item!r}")
         try:
             out[name.strip()] = float(raw)
         except ValueError:
-            raise ConfigError(f"--threshold {name}: {raw!r} is not a number") from None
+            raise ThresholdError(f"--threshold {name}: {raw!r} is not a number") from None
     resolve_thresholds(out)
     return out
 
 
-def _finding(fid: str, title: str, evidence: str, threshold: str, action: str, **data: Any) -> dict[str, Any]:
-    return {"id": fid, "title": title, "evidence": evidence, "threshold": threshold, "action": action, "data": data}
+# -- the rule registry ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Hit:
+    """A rule fired: what was seen (with numbers), the threshold it crossed, and figures for tools."""
+
+    evidence: str
+    threshold: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NotEvaluated:
+    """A rule could not look: the data it needs is missing (said in ``not_evaluated``)."""
+
+    why: str
+
+
+Outcome = Hit | NotEvaluated | None
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    #: the :class:`Thresholds` fields the rule reads
+    thresholds: tuple[str, ...]
+    action: str
+    #: reads only ``per_gpu``: also evaluated on node reports
+    gpus_only: bool
+    check: Callable[[Any, Thresholds], Outcome]
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(
+    rule_id: str, title: str, *, thresholds: tuple[str, ...], action: str, gpus_only: bool = False
+) -> Callable[[Callable[[R, Thresholds], Outcome]], Callable[[R, Thresholds], Outcome]]:
+    """Register a rule; its thresholds must be fields of :class:`Thresholds` (checked at import)."""
+    unknown = [t for t in thresholds if t not in THRESHOLDS]
+    if unknown or rule_id in RULES:
+        raise ValueError(f"rule {rule_id!r}: duplicate id or unknown thresholds {unknown}")
+
+    def register(fn: Callable[[R, Thresholds], Outcome]) -> Callable[[R, Thresholds], Outcome]:
+        RULES[rule_id] = Rule(rule_id, title, thresholds, action, gpus_only, fn)
+        return fn
+
+    return register
 
 
 def _pct(v: float) -> str:
     return f"{100 * v:.1f}%"
 
 
-def diagnose(r: Mapping[str, Any], t: Mapping[str, float]) -> tuple[list[dict[str, Any]], list[str]]:
-    """(findings, checks that could not be evaluated for lack of data)."""
-    found: list[dict[str, Any]] = []
-    skipped: list[str] = []
-    gpus = r.get("per_gpu") or []
-    ranks = r.get("per_rank") or []
+def _gpu_list(gpus: Sequence[GpuSummary], text: Callable[[GpuSummary], str]) -> str:
+    return "; ".join(f"{g.key}: {text(g)}" for g in gpus)
 
-    dl = r.get("data_loading_time_ratio")
+
+# -- the rules, in the order their findings are listed -------------------------------------------------
+@rule(
+    "data_loading",
+    "Input pipeline bottleneck: training waits for data",
+    thresholds=("data_loading_ratio",),
+    action="Raise DataLoader num_workers (e.g. to the CPU cores per GPU), set persistent_workers=True and "
+    "prefetch_factor=4, pin_memory=True; move decoding/tokenization/augmentation out of __getitem__ "
+    "(pre-tokenize, cache) or onto the GPU.",
+)
+def data_loading(r: RunReport, t: Thresholds) -> Outcome:
+    dl = r.data_loading_time_ratio
     if dl is None:
-        skipped.append("data_loading: no data_wait_s in the steps")
-    elif dl > t["data_loading_ratio"]:
-        ph = r.get("phases_s") or {}
-        found.append(
-            _finding(
-                "data_loading",
-                "Input pipeline bottleneck: training waits for data",
-                f"{_pct(dl)} of step time is spent waiting for the next batch "
-                f"(mean wait {ph.get('data_wait', 0):.4f} s per step vs {r['step_time_s']['mean'] or 0:.4f} s of compute).",
-                f"data_loading_time_ratio > {t['data_loading_ratio']}",
-                "Raise DataLoader num_workers (e.g. to the CPU cores per GPU), set persistent_workers=True and "
-                "prefetch_factor=4, pin_memory=True; move decoding/tokenization/augmentation out of __getitem__ "
-                "(pre-tokenize, cache) or onto the GPU.",
-                ratio=dl,
-            )
-        )
+        return NotEvaluated("no data_wait_s in the steps")
+    if dl <= t.data_loading_ratio:
+        return None
+    return Hit(
+        f"{_pct(dl)} of step time is spent waiting for the next batch "
+        f"(mean wait {r.phases_s.get('data_wait', 0):.4f} s per step vs {r.step_time_s.mean or 0:.4f} s of compute).",
+        f"data_loading_time_ratio > {t.data_loading_ratio}",
+        {"ratio": dl},
+    )
 
-    cr = r.get("communication_time_ratio")
+
+@rule(
+    "communication",
+    "Exposed communication time",
+    thresholds=("communication_ratio",),
+    action="Overlap gradients with backward (DDP bucket_cap_mb 50-100, gradient_as_bucket_view=True, "
+    "static_graph=True); use gradient accumulation with no_sync(); check NCCL picks NVLink/IB "
+    "(NCCL_DEBUG=INFO, no NCCL_P2P_DISABLE/NCCL_IB_DISABLE); consider FSDP/ZeRO sharding settings.",
+)
+def communication(r: RunReport, t: Thresholds) -> Outcome:
+    cr = r.communication_time_ratio
     if cr is None:
-        skipped.append("communication: no comm_s in the steps")
-    elif cr > t["communication_ratio"]:
-        found.append(
-            _finding(
-                "communication",
-                "Exposed communication time",
-                f"{_pct(cr)} of step time is communication that does not overlap with compute.",
-                f"communication_time_ratio > {t['communication_ratio']}",
-                "Overlap gradients with backward (DDP bucket_cap_mb 50-100, gradient_as_bucket_view=True, "
-                "static_graph=True); use gradient accumulation with no_sync(); check NCCL picks NVLink/IB "
-                "(NCCL_DEBUG=INFO, no NCCL_P2P_DISABLE/NCCL_IB_DISABLE); consider FSDP/ZeRO sharding settings.",
-                ratio=cr,
-            )
-        )
+        return NotEvaluated("no comm_s in the steps")
+    if cr <= t.communication_ratio:
+        return None
+    return Hit(
+        f"{_pct(cr)} of step time is communication that does not overlap with compute.",
+        f"communication_time_ratio > {t.communication_ratio}",
+        {"ratio": cr},
+    )
 
-    if not gpus:
-        skipped.append("GPU checks (starved, launch-bound, GPU imbalance, throttling): no GPU samples for this run")
-    else:
-        starved = [
-            g
-            for g in gpus
-            if g["avg_utilization_percent"] is not None
-            and g["avg_memory_used_percent"] is not None
-            and g["avg_utilization_percent"] < t["starved_util_pct"]
-            and g["avg_memory_used_percent"] > t["starved_memory_pct"]
-        ]
-        if starved:
-            found.append(
-                _finding(
-                    "gpu_starved",
-                    "GPUs hold their memory but sit idle",
-                    "; ".join(
-                        f"{g['key']}: busy {g['avg_utilization_percent']:.0f}%, memory {g['avg_memory_used_percent']:.0f}% full"
-                        for g in starved
-                    ),
-                    f"util < {t['starved_util_pct']:g}% while memory > {t['starved_memory_pct']:g}%",
-                    "The GPU waits on something else: the input pipeline (see data loading), host-side work "
-                    "between steps (logging, .item(), checkpointing), or other ranks. Profile one step with "
-                    "torch.profiler to see the gaps.",
-                    gpus=[g["key"] for g in starved],
-                )
-            )
-        with_sm = [
-            g for g in gpus if g["avg_sm_active_percent"] is not None and g["avg_utilization_percent"] is not None
-        ]
-        if not with_sm:
-            skipped.append("launch_bound: no SM activity (GPM needs Hopper or later)")
-        launch = [
-            g
-            for g in with_sm
-            if g["avg_utilization_percent"] >= t["launch_bound_util_pct"]
-            and g["avg_sm_active_percent"] < t["launch_bound_sm_active_pct"]
-        ]
-        if launch:
-            found.append(
-                _finding(
-                    "launch_bound",
-                    "GPU looks busy but its SMs are mostly idle",
-                    "; ".join(
-                        f"{g['key']}: NVML util {g['avg_utilization_percent']:.0f}% but SM active {g['avg_sm_active_percent']:.0f}%"
-                        for g in launch
-                    ),
-                    f"util >= {t['launch_bound_util_pct']:g}% and SM active < {t['launch_bound_sm_active_pct']:g}%",
-                    "Kernels are too small to fill the GPU (launch-bound): increase the micro-batch size, use "
-                    "torch.compile or CUDA graphs to cut launch overhead, use fused attention "
-                    "(attn_implementation='sdpa' or 'flash_attention_2') and fused optimizers (fused=True).",
-                    gpus=[g["key"] for g in launch],
-                )
-            )
-        busy = [g for g in gpus if g["avg_utilization_percent"] is not None]
-        if len(busy) >= 2:
-            med = statistics.median_high([g["avg_utilization_percent"] for g in busy])
-            idle = [
-                g
-                for g in busy
-                if med >= t["imbalance_min_util_pct"] and g["avg_utilization_percent"] * t["imbalance_factor"] < med
-            ]
-            if idle:
-                found.append(
-                    _finding(
-                        "gpu_imbalance",
-                        "Some GPUs work much less than the others",
-                        "; ".join(
-                            f"{g['key']}: busy {g['avg_utilization_percent']:.0f}% vs median {med:.0f}%" for g in idle
-                        ),
-                        f"GPU busy × {t['imbalance_factor']:g} < median GPU busy",
-                        "Work is unevenly split: with device_map='auto' (naive pipeline) GPUs take turns — use "
-                        "DDP/FSDP instead, or balance the layer split (max_memory per GPU); otherwise check that "
-                        "every GPU got a rank and equal batch sizes.",
-                        gpus=[g["key"] for g in idle],
-                        median_util=med,
-                    )
-                )
-        hot = [
-            g for g in gpus if g["throttle_time_ratio"] is not None and g["throttle_time_ratio"] > t["throttle_ratio"]
-        ]
-        if hot:
-            found.append(
-                _finding(
-                    "throttling",
-                    "GPU clocks held back (power or thermal)",
-                    "; ".join(
-                        f"{g['key']}: throttled {_pct(g['throttle_time_ratio'])} of the time"
-                        + (
-                            f" ({', '.join(f'{k} {_pct(v)}' for k, v in g['throttle_reasons'].items())})"
-                            if g["throttle_reasons"]
-                            else ""
-                        )
-                        for g in hot
-                    ),
-                    f"throttled > {_pct(t['throttle_ratio'])} of samples",
-                    "Check cooling and airflow (temp_gpu_c, fans), the power limit (nvidia-smi -q -d POWER; "
-                    "power cap vs TDP), and rack power; hardware slowdown or power brake needs the vendor.",
-                    gpus=[g["key"] for g in hot],
-                )
-            )
 
-    timed = [x for x in ranks if x.get("slowdown_vs_median")]
-    if len(timed) >= 2:
-        slow = [x for x in timed if x["slowdown_vs_median"] > t["imbalance_factor"]]
-        if slow:
-            found.append(
-                _finding(
-                    "rank_imbalance",
-                    "A straggler rank slows every step",
-                    "; ".join(
-                        f"rank {x['rank']} ({x.get('host') or '?'}{', ' + ','.join(x['gpus']) if x.get('gpus') else ''}): "
-                        f"median compute {x['median_compute_time_s']:.4f} s = {x['slowdown_vs_median']:.2f}× the median rank"
-                        for x in slow
-                    ),
-                    f"rank compute time > {t['imbalance_factor']:g}× median",
-                    "Compare that rank's GPU (throttling, a slower model, PCIe link) and host (CPU contention, its "
-                    "data loader); check uneven sequence lengths (bucket by length) or an uneven device_map split.",
-                    ranks=[x["rank"] for x in slow],
-                )
-            )
+@rule(
+    "gpu_starved",
+    "GPUs hold their memory but sit idle",
+    thresholds=("starved_util_pct", "starved_memory_pct"),
+    action="The GPU waits on something else: the input pipeline (see data loading), host-side work "
+    "between steps (logging, .item(), checkpointing), or other ranks. Profile one step with "
+    "torch.profiler to see the gaps.",
+    gpus_only=True,
+)
+def gpu_starved(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
+    starved = [
+        g
+        for g in r.per_gpu
+        if g.avg_utilization_percent is not None
+        and g.avg_memory_used_percent is not None
+        and g.avg_utilization_percent < t.starved_util_pct
+        and g.avg_memory_used_percent > t.starved_memory_pct
+    ]
+    if not starved:
+        return None
+    return Hit(
+        _gpu_list(
+            starved, lambda g: f"busy {g.avg_utilization_percent:.0f}%, memory {g.avg_memory_used_percent:.0f}% full"
+        ),
+        f"util < {t.starved_util_pct:g}% while memory > {t.starved_memory_pct:g}%",
+        {"gpus": [g.key for g in starved]},
+    )
 
-    retries = int(r.get("alloc_retries") or 0)
-    peak = r.get("gpu_peak_memory_reserved_gb") or r.get("gpu_peak_memory_allocated_gb")
-    cap = r.get("gpu_memory_capacity_gb")
-    if retries >= t["fragmentation_retries"] and (
-        cap is None or (peak or 0) >= cap * t["fragmentation_memory_pct"] / 100
-    ):
-        near = f"peak {peak:.2f} GiB of {cap:.2f} GiB; " if peak and cap else ""
-        found.append(
-            _finding(
-                "fragmentation",
-                "Memory at capacity: the allocator flushes its cache and retries",
-                f"{near}{retries} caching-allocator retries (each one frees cached blocks and synchronizes).",
-                f"alloc_retries >= {t['fragmentation_retries']:g} and peak >= {t['fragmentation_memory_pct']:g}% of capacity",
-                "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; lower the micro-batch or sequence length "
-                "and use gradient accumulation; enable activation checkpointing; avoid varying tensor shapes "
-                "(pad to buckets).",
-                retries=retries,
-                peak_gb=peak,
-                capacity_gb=cap,
-            )
-        )
+
+@rule(
+    "launch_bound",
+    "GPU looks busy but its SMs are mostly idle",
+    thresholds=("launch_bound_util_pct", "launch_bound_sm_active_pct"),
+    action="Kernels are too small to fill the GPU (launch-bound): increase the micro-batch size, use "
+    "torch.compile or CUDA graphs to cut launch overhead, use fused attention "
+    "(attn_implementation='sdpa' or 'flash_attention_2') and fused optimizers (fused=True).",
+    gpus_only=True,
+)
+def launch_bound(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
+    with_sm = [g for g in r.per_gpu if g.avg_sm_active_percent is not None and g.avg_utilization_percent is not None]
+    if not with_sm:
+        return NotEvaluated("no SM activity (GPM needs Hopper or later)")
+    launch = [
+        g
+        for g in with_sm
+        if (g.avg_utilization_percent or 0) >= t.launch_bound_util_pct
+        and (g.avg_sm_active_percent or 0) < t.launch_bound_sm_active_pct
+    ]
+    if not launch:
+        return None
+    return Hit(
+        _gpu_list(
+            launch, lambda g: f"NVML util {g.avg_utilization_percent:.0f}% but SM active {g.avg_sm_active_percent:.0f}%"
+        ),
+        f"util >= {t.launch_bound_util_pct:g}% and SM active < {t.launch_bound_sm_active_pct:g}%",
+        {"gpus": [g.key for g in launch]},
+    )
+
+
+@rule(
+    "gpu_imbalance",
+    "Some GPUs work much less than the others",
+    thresholds=("imbalance_factor", "imbalance_min_util_pct"),
+    action="Work is unevenly split: with device_map='auto' (naive pipeline) GPUs take turns — use "
+    "DDP/FSDP instead, or balance the layer split (max_memory per GPU); otherwise check that "
+    "every GPU got a rank and equal batch sizes.",
+    gpus_only=True,
+)
+def gpu_imbalance(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
+    busy = [(g, g.avg_utilization_percent) for g in r.per_gpu if g.avg_utilization_percent is not None]
+    if len(busy) < 2:
+        return None
+    med = statistics.median_high([u for _, u in busy])
+    if med < t.imbalance_min_util_pct:
+        return None
+    idle = [g for g, u in busy if u * t.imbalance_factor < med]
+    if not idle:
+        return None
+    return Hit(
+        _gpu_list(idle, lambda g: f"busy {g.avg_utilization_percent:.0f}% vs median {med:.0f}%"),
+        f"GPU busy × {t.imbalance_factor:g} < median GPU busy",
+        {"gpus": [g.key for g in idle], "median_util": med},
+    )
+
+
+@rule(
+    "throttling",
+    "GPU clocks held back (power or thermal)",
+    thresholds=("throttle_ratio",),
+    action="Check cooling and airflow (temp_gpu_c, fans), the power limit (nvidia-smi -q -d POWER; "
+    "power cap vs TDP), and rack power; hardware slowdown or power brake needs the vendor.",
+    gpus_only=True,
+)
+def throttling(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
+    hot = [g for g in r.per_gpu if g.throttle_time_ratio is not None and g.throttle_time_ratio > t.throttle_ratio]
+    if not hot:
+        return None
+
+    def text(g: GpuSummary) -> str:
+        reasons = ", ".join(f"{k} {_pct(v)}" for k, v in g.throttle_reasons.items())
+        return f"throttled {_pct(g.throttle_time_ratio or 0)} of the time" + (f" ({reasons})" if reasons else "")
+
+    return Hit(_gpu_list(hot, text), f"throttled > {_pct(t.throttle_ratio)} of samples", {"gpus": [g.key for g in hot]})
+
+
+@rule(
+    "rank_imbalance",
+    "A straggler rank slows every step",
+    thresholds=("imbalance_factor",),
+    action="Compare that rank's GPU (throttling, a slower model, PCIe link) and host (CPU contention, its "
+    "data loader); check uneven sequence lengths (bucket by length) or an uneven device_map split.",
+)
+def rank_imbalance(r: RunReport, t: Thresholds) -> Outcome:
+    timed = [x for x in r.per_rank if x.slowdown_vs_median]
+    slow = [x for x in timed if (x.slowdown_vs_median or 0) > t.imbalance_factor] if len(timed) >= 2 else []
+    if not slow:
+        return None
+    return Hit(
+        "; ".join(
+            f"rank {x.rank} ({x.host or '?'}{', ' + ','.join(x.gpus) if x.gpus else ''}): "
+            f"median compute {x.median_compute_time_s or 0:.4f} s = {x.slowdown_vs_median or 0:.2f}× the median rank"
+            for x in slow
+        ),
+        f"rank compute time > {t.imbalance_factor:g}× median",
+        {"ranks": [x.rank for x in slow]},
+    )
+
+
+@rule(
+    "fragmentation",
+    "Memory at capacity: the allocator flushes its cache and retries",
+    thresholds=("fragmentation_retries", "fragmentation_memory_pct"),
+    action="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; lower the micro-batch or sequence length "
+    "and use gradient accumulation; enable activation checkpointing; avoid varying tensor shapes "
+    "(pad to buckets).",
+)
+def fragmentation(r: RunReport, t: Thresholds) -> Outcome:
+    retries = int(r.alloc_retries or 0)
+    peak = r.gpu_peak_memory_reserved_gb or r.gpu_peak_memory_allocated_gb
+    cap = r.gpu_memory_capacity_gb
+    if retries < t.fragmentation_retries:
+        return None
+    if cap is not None and (peak or 0) < cap * t.fragmentation_memory_pct / 100:
+        return None
+    near = f"peak {peak:.2f} GiB of {cap:.2f} GiB; " if peak and cap else ""
+    return Hit(
+        f"{near}{retries} caching-allocator retries (each one frees cached blocks and synchronizes).",
+        f"alloc_retries >= {t.fragmentation_retries:g} and peak >= {t.fragmentation_memory_pct:g}% of capacity",
+        {"retries": retries, "peak_gb": peak, "capacity_gb": cap},
+    )
+
+
+# -- running them -----------------------------------------------------------------------------------
+def diagnose(report: RunReport | NodeReport, t: Thresholds) -> tuple[list[Finding], list[str]]:
+    """(findings, rules that could not be evaluated for lack of data), in registry order.
+
+    A node report gets the ``gpus_only`` rules; without GPU samples those are named once together."""
+    found: list[Finding] = []
+    skipped: list[str] = []
+    rules = [r for r in RULES.values() if r.gpus_only or isinstance(report, RunReport)]
+    if not report.per_gpu:
+        gpu_rules = [r.id for r in rules if r.gpus_only]
+        skipped.append(f"GPU checks ({', '.join(gpu_rules)}): no GPU samples for this {_subject(report)}")
+        rules = [r for r in rules if not r.gpus_only]
+    for r in rules:
+        outcome = r.check(report, t)
+        if isinstance(outcome, NotEvaluated):
+            skipped.append(f"{r.id}: {outcome.why}")
+        elif isinstance(outcome, Hit):
+            found.append(Finding(r.id, r.title, outcome.evidence, outcome.threshold, r.action, dict(outcome.data)))
     return found, skipped
+
+
+def _subject(report: RunReport | NodeReport) -> str:
+    return "run" if isinstance(report, RunReport) else "recording"
 
 
 DOC_INTRO = """# Run report and diagnosis
@@ -300,6 +393,10 @@ self-contained `metrics_report.html` (inline SVG plots; opens without a server).
 gpulse report --run exp1 --url http://127.0.0.1:8086 --api v1 --bucket gpulse --html --out reports/
 gpulse report --from-file out/gpulse-records.lp --threshold data_loading_ratio=0.25
 ```
+
+A recording without a training run (`gpulse agent --record node.lp`) gives a **node report**
+instead: `node_report.json` (and `node_report.html`) with each GPU's utilisation, memory, power,
+energy and throttling, the GPU events (XID, ECC, lost), and the rules that need only GPU samples.
 
 ## Main fields
 
@@ -322,6 +419,10 @@ gpulse report --from-file out/gpulse-records.lp --threshold data_loading_ratio=0
 GPU samples of a run are the `gpu` points tagged `run=<id>` (the agent tags the GPUs a run
 registered), else the GPUs of the run's hosts during the run's time window.
 
+The HTML report plots every GPU and every rank: up to 16 as one line each, more as a heat strip
+(one row per GPU or rank, colour = value) with the median and the 10th-90th percentile band.
+Throughput is what the user got: tokens (or samples) per second of wall time, data waits included.
+
 ## Diagnosis thresholds
 
 Override any of them with `--threshold name=value` (repeatable) or `build_report(..., thresholds={...})`.
@@ -332,9 +433,23 @@ Override any of them with `--threshold name=value` (repeatable) or `build_report
 
 
 def render_markdown() -> str:
-    """``docs/report.md``, from :data:`THRESHOLDS` (a test keeps the file equal to this)."""
+    """``docs/report.md``, from :class:`Thresholds` and :data:`RULES` (a test keeps the file equal to this)."""
     rows = [f"| `{t.name}` | {t.default:g} | {t.unit} | {t.doc} |" for t in THRESHOLDS.values()]
-    return DOC_INTRO + "\n".join(rows) + "\n"
+    rules = [
+        f"| `{r.id}` | {r.title} | {', '.join(f'`{t}`' for t in r.thresholds)} | "
+        f"{'run and node' if r.gpus_only else 'run'} | {r.action} |"
+        for r in RULES.values()
+    ]
+    head = [
+        "",
+        "## Rules",
+        "",
+        "Each finding comes from one rule (`gpulse.report.diagnose`), listed in this order.",
+        "",
+        "| id | finding | thresholds | reports | action |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    return DOC_INTRO + "\n".join(rows + head + rules) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""A run's numbers: ``build_report(steps, gpu, runs, events)`` -> the ``metrics_report.json`` dict.
+"""A run's numbers: ``build_report(steps, gpu, runs, events)`` -> :class:`~gpulse.report.records.RunReport`
+(``metrics_report.json``); ``build_node_report(gpu, gpu_events)`` -> a node report for a recording
+without a training run.
 
 Stdlib only: ``Run.finish()`` in the training library calls it inside the training process, and
 ``gpulse report`` calls it with the same rows loaded from InfluxDB or a recording file, so both
@@ -25,14 +27,27 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpulse.report.diagnose import diagnose, resolve_thresholds
+from gpulse.report.records import (
+    REPORT_VERSION,
+    GpuEvent,
+    GpuSummary,
+    GpuTotals,
+    NodeReport,
+    RankSummary,
+    RunEvent,
+    RunInfo,
+    RunReport,
+    Sources,
+    StepTimeStats,
+)
 from gpulse.schema import CLOCK_EVENT_FLAGS, THROTTLE_MASK
 
 Row = Mapping[str, Any]
 GIB = float(2**30)
-REPORT_VERSION = 1
 #: Standard phases, in the order the HTML stacks them (custom ``phase_<name>_s`` follow).
 PHASES = ("data_wait", "forward", "backward", "optimizer", "comm")
 _THROTTLE_REASONS = tuple(name for bit, name, _ in CLOCK_EVENT_FLAGS if bit & THROTTLE_MASK)
@@ -106,7 +121,21 @@ def rank_key(row: Row) -> int:
 
 
 # -- pieces -----------------------------------------------------------------------------------------
-def _run_info(steps: Sequence[Row], runs: Sequence[Row]) -> dict[str, Any]:
+def _first(runs: Sequence[Row], key: str) -> Any:
+    """The first ``train_run`` point's value of ``key`` (in time order), or ``None``."""
+    return next((r[key] for r in sorted(runs, key=lambda r: r.get("time") or 0) if r.get(key)), None)
+
+
+@dataclass
+class _Window:
+    """The run's own start/end points and the duration its end point states (not in the report)."""
+
+    start_ns: int | None
+    end_ns: int | None
+    duration_s: float | None
+
+
+def _run_info(steps: Sequence[Row], runs: Sequence[Row]) -> tuple[RunInfo, _Window]:
     all_rows = [*runs, *steps]
     run_ids = sorted({str(r["run"]) for r in all_rows if r.get("run")})
     starts = [r for r in runs if r.get("event") == "start"]
@@ -116,24 +145,25 @@ def _run_info(steps: Sequence[Row], runs: Sequence[Row]) -> dict[str, Any]:
     if statuses:
         status = next((s for s in ("failed", "interrupted") if s in statuses), statuses[-1])
     world = [int(v) for v in (num(r, "world_size") or _int_tag(r, "world_size") for r in all_rows) if v]
-    gpus = sorted({u for r in runs for u in str(r.get("gpus") or "").split(",") if u})
-    first = lambda key: next((r[key] for r in sorted(runs, key=lambda r: r.get("time") or 0) if r.get(key)), None)  # noqa: E731
-    return {
-        "id": run_ids[0] if len(run_ids) == 1 else run_ids,
-        "name": first("name"),
-        "status": status,
-        "world_size": max(world) if world else len({rank_key(r) for r in steps}) or None,
-        "ranks": sorted({rank_key(r) for r in all_rows if r.get("rank") is not None}),
-        "hosts": sorted({str(r["host"]) for r in all_rows if r.get("host")}),
-        "gpus": gpus,
-        "mfu_formula": first("mfu_formula"),
-        "peak_flops": first("peak_flops"),
-        "flops_per_token": first("flops_per_token"),
-        "config": first("config"),
-        "_start_ns": min((int(r["time"]) for r in starts if r.get("time") is not None), default=None),
-        "_end_ns": max((int(r["time"]) for r in ends if r.get("time") is not None), default=None),
-        "_duration_s": _max(values(ends, "duration_s")),
-    }
+    info = RunInfo(
+        id=run_ids[0] if len(run_ids) == 1 else run_ids,
+        name=_first(runs, "name"),
+        status=status,
+        world_size=max(world) if world else len({rank_key(r) for r in steps}) or None,
+        ranks=sorted({rank_key(r) for r in all_rows if r.get("rank") is not None}),
+        hosts=sorted({str(r["host"]) for r in all_rows if r.get("host")}),
+        gpus=sorted({u for r in runs for u in str(r.get("gpus") or "").split(",") if u}),
+        mfu_formula=_first(runs, "mfu_formula"),
+        peak_flops=_first(runs, "peak_flops"),
+        flops_per_token=_first(runs, "flops_per_token"),
+        config=_first(runs, "config"),
+    )
+    window = _Window(
+        start_ns=min((int(r["time"]) for r in starts if r.get("time") is not None), default=None),
+        end_ns=max((int(r["time"]) for r in ends if r.get("time") is not None), default=None),
+        duration_s=_max(values(ends, "duration_s")),
+    )
+    return info, window
 
 
 def _int_tag(row: Row, key: str) -> int | None:
@@ -143,16 +173,16 @@ def _int_tag(row: Row, key: str) -> int | None:
         return None
 
 
-def _runtime(info: dict[str, Any], steps: Sequence[Row]) -> tuple[float | None, int | None, int | None]:
+def _runtime(window: _Window, steps: Sequence[Row]) -> tuple[float | None, int | None, int | None]:
     """(runtime s, window start ns, window end ns): the run's own duration when it ended, else the steps' span."""
-    start = info["_start_ns"]
-    end = info["_end_ns"]
+    start = window.start_ns
+    end = window.end_ns
     if steps:
         s0 = min(step_start_ns(r) for r in steps)
         s1 = max(step_end_ns(r) for r in steps)
         start = s0 if start is None else min(start, s0)
         end = s1 if end is None else max(end, s1)
-    runtime = info["_duration_s"]
+    runtime = window.duration_s
     if runtime is None and start is not None and end is not None and end > start:
         runtime = (end - start) / 1e9
     return runtime, start, end
@@ -179,7 +209,7 @@ def _phases(steps: Sequence[Row]) -> dict[str, float]:
     return {k: round(v, 6) for k, v in out.items()}
 
 
-def _per_rank(steps: Sequence[Row], runs: Sequence[Row], runtime: float | None) -> list[dict[str, Any]]:
+def _per_rank(steps: Sequence[Row], runs: Sequence[Row], runtime: float | None) -> list[RankSummary]:
     gpus_by_rank: dict[int, list[str]] = {}
     for r in runs:
         if r.get("gpus"):
@@ -195,32 +225,27 @@ def _per_rank(steps: Sequence[Row], runs: Sequence[Row], runtime: float | None) 
         ]
         wait = sum(values(rows, "data_wait_s"))
         samples = sum(values(rows, "samples"))
+        mem = values(rows, "mem_peak_bytes") or values(rows, "mem_allocated_bytes")
         out.append(
-            {
-                "rank": rank,
-                "host": rows[0].get("host"),
-                "gpus": gpus_by_rank.get(rank, []),
-                "steps": len({num(r, "step") for r in rows}),
-                "mean_step_time_s": _round(_mean(st)),
-                "median_step_time_s": _round(statistics.median(st)) if st else None,
-                "median_compute_time_s": _round(statistics.median(compute)) if compute else None,
-                "data_loading_time_ratio": _round(_ratio(wait, wait + sum(st))),
-                "communication_time_ratio": _round(_ratio(sum(comm), sum(st))) if comm else None,
-                "samples_per_second": _round(samples / runtime) if runtime else None,
-                "peak_memory_allocated_gb": _round(
-                    (_max(values(rows, "mem_peak_bytes") or values(rows, "mem_allocated_bytes")) or 0) / GIB
-                )
-                if values(rows, "mem_peak_bytes") or values(rows, "mem_allocated_bytes")
-                else None,
-                "alloc_retries": int(_max(values(rows, "alloc_retries")) or 0),
-            }
+            RankSummary(
+                rank=rank,
+                host=rows[0].get("host"),
+                gpus=gpus_by_rank.get(rank, []),
+                steps=len({num(r, "step") for r in rows}),
+                mean_step_time_s=_round(_mean(st)),
+                median_step_time_s=_round(statistics.median(st)) if st else None,
+                median_compute_time_s=_round(statistics.median(compute)) if compute else None,
+                data_loading_time_ratio=_round(_ratio(wait, wait + sum(st))),
+                communication_time_ratio=_round(_ratio(sum(comm), sum(st))) if comm else None,
+                samples_per_second=_round(samples / runtime) if runtime else None,
+                peak_memory_allocated_gb=_round(max(mem) / GIB) if mem else None,
+                alloc_retries=int(_max(values(rows, "alloc_retries")) or 0),
+            )
         )
-    medians = [r["median_compute_time_s"] for r in out if r["median_compute_time_s"]]
+    medians = [r.median_compute_time_s for r in out if r.median_compute_time_s]
     ref = statistics.median_low(medians) if medians else None
     for r in out:
-        r["slowdown_vs_median"] = (
-            _round(r["median_compute_time_s"] / ref, 3) if ref and r["median_compute_time_s"] else None
-        )
+        r.slowdown_vs_median = _round(r.median_compute_time_s / ref, 3) if ref and r.median_compute_time_s else None
     return out
 
 
@@ -237,7 +262,8 @@ def _energy_j(rows: Sequence[Row]) -> float | None:
     return None
 
 
-def _per_gpu(gpu: Sequence[Row]) -> list[dict[str, Any]]:
+def per_gpu(gpu: Sequence[Row]) -> list[GpuSummary]:
+    """One summary per GPU (by uuid, else host + index), in key order."""
     out = []
     for key, rows in sorted(group_by(gpu, gpu_key).items()):
         rows = sorted(rows, key=lambda r: r.get("time") or 0)
@@ -245,54 +271,76 @@ def _per_gpu(gpu: Sequence[Row]) -> list[dict[str, Any]]:
         used = values(rows, "mem_used_bytes")
         total = _max(values(rows, "mem_total_bytes"))
         used_pct = [
-            100.0 * num(r, "mem_used_bytes") / num(r, "mem_total_bytes")
+            100.0 * u / t
             for r in rows
-            if num(r, "mem_used_bytes") is not None and num(r, "mem_total_bytes")
+            if (u := num(r, "mem_used_bytes")) is not None and (t := num(r, "mem_total_bytes"))
         ]
         throttled = values(rows, "throttled")
         times = [int(r["time"]) for r in rows if r.get("time") is not None]
         window = (times[-1] - times[0]) / 1e9 if len(times) >= 2 else None
-        energy = _energy_j(rows)
         reasons = {name: _round(_mean(values(rows, name)), 4) for name in _THROTTLE_REASONS if values(rows, name)}
         out.append(
-            {
-                "key": key,
-                "host": rows[0].get("host"),
-                "gpu": rows[0].get("gpu"),
-                "uuid": rows[0].get("uuid"),
-                "model": rows[0].get("model"),
-                "samples": len(rows),
-                "avg_utilization_percent": _round(_mean(util), 2),
-                "max_utilization_percent": _round(_max(util), 2),
-                "avg_sm_active_percent": _round(_mean(values(rows, "sm_active_pct")), 2),
-                "avg_tensor_active_percent": _round(_mean(values(rows, "tensor_active_pct")), 2),
-                "peak_memory_used_gb": _round(_max(used) / GIB, 4) if used else None,
-                "memory_total_gb": _round(total / GIB, 4) if total else None,
-                "avg_memory_used_percent": _round(_mean(used_pct), 2),
-                "avg_power_w": _round(_mean(values(rows, "power_w")), 2),
-                "energy_j": _round(energy, 3),
-                "throttle_time_ratio": _round(_mean(throttled), 4),
-                "throttle_time_s": _round(_mean(throttled) * window, 3) if throttled and window else None,
-                "throttle_reasons": {k: v for k, v in reasons.items() if v},
-                "avg_sm_clock_mhz": _round(_mean(values(rows, "clock_sm_mhz")), 1),
-            }
+            GpuSummary(
+                key=key,
+                host=rows[0].get("host"),
+                gpu=rows[0].get("gpu"),
+                uuid=rows[0].get("uuid"),
+                model=rows[0].get("model"),
+                samples=len(rows),
+                avg_utilization_percent=_round(_mean(util), 2),
+                max_utilization_percent=_round(_max(util), 2),
+                avg_sm_active_percent=_round(_mean(values(rows, "sm_active_pct")), 2),
+                avg_tensor_active_percent=_round(_mean(values(rows, "tensor_active_pct")), 2),
+                peak_memory_used_gb=_round(max(used) / GIB, 4) if used else None,
+                memory_total_gb=_round(total / GIB, 4) if total else None,
+                avg_memory_used_percent=_round(_mean(used_pct), 2),
+                avg_power_w=_round(_mean(values(rows, "power_w")), 2),
+                energy_j=_round(_energy_j(rows), 3),
+                throttle_time_ratio=_round(_mean(throttled), 4),
+                throttle_time_s=_round(_mean(throttled) * window, 3) if throttled and window else None,
+                throttle_reasons={k: v for k, v in reasons.items() if v},
+                avg_sm_clock_mhz=_round(_mean(values(rows, "clock_sm_mhz")), 1),
+            )
         )
     return out
 
 
-# -- the report -------------------------------------------------------------------------------------
+def gpu_totals(gpus: Sequence[GpuSummary], gpu: Sequence[Row]) -> GpuTotals:
+    """All GPUs together (``gpu`` rows for the sample means, ``gpus`` for energy and the worst throttling)."""
+    energy = [g.energy_j for g in gpus if g.energy_j is not None]
+    mem_used_pct = [g.avg_memory_used_percent for g in gpus if g.avg_memory_used_percent is not None]
+    throttle = [g for g in gpus if g.throttle_time_ratio is not None]
+    util = values(gpu, "util_gpu_pct")
+    return GpuTotals(
+        gpu_avg_utilization_percent=_round(_mean(util), 2),
+        gpu_max_utilization_percent=_round(_max(util), 2),
+        gpu_avg_sm_active_percent=_round(_mean(values(gpu, "sm_active_pct")), 2),
+        gpu_avg_tensor_active_percent=_round(_mean(values(gpu, "tensor_active_pct")), 2),
+        gpu_avg_memory_used_percent=_round(_mean(mem_used_pct), 2),
+        gpu_avg_power_w=_round(_mean(values(gpu, "power_w")), 2),
+        energy_j=sum(energy) if energy else None,
+        throttle_time_ratio=_round(max(g.throttle_time_ratio or 0.0 for g in throttle), 4) if throttle else None,
+        throttle_time_s=_round(max((g.throttle_time_s or 0.0) for g in throttle), 3) if throttle else None,
+    )
+
+
+def _kwh(joules: float | None) -> float | None:
+    return _round(joules / 3.6e6, 9) if joules is not None else None
+
+
+# -- the reports ------------------------------------------------------------------------------------
 def build_report(
     steps: Sequence[Row],
     gpu: Sequence[Row],
     runs: Sequence[Row],
     events: Sequence[Row],
     thresholds: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
+) -> RunReport:
     """The run report with its diagnosis; ``thresholds`` overrides diagnosis thresholds by name."""
     limits = resolve_thresholds(thresholds)
     steps = sorted(steps, key=lambda r: (step_end_ns(r), rank_key(r)))
-    info = _run_info(steps, runs)
-    runtime, t0, t1 = _runtime(info, steps)
+    info, own = _run_info(steps, runs)
+    runtime, t0, t1 = _runtime(own, steps)
     step_count = max((len({num(r, "step") for r in rows}) for rows in group_by(steps, rank_key).values()), default=0)
     # a run's end point counts every step it sent, also when the caller kept only every n-th step
     step_count = max(step_count, int(_max(values([r for r in runs if r.get("event") == "end"], "steps")) or 0))
@@ -305,66 +353,103 @@ def build_report(
     tfl = [(m, t) for r in steps if (m := num(r, "tflops")) is not None and (t := num(r, "step_time_s"))]
     peak_alloc = _max(values(steps, "mem_peak_bytes") or values(steps, "mem_allocated_bytes"))
     peak_reserved = _max(values(steps, "mem_reserved_bytes"))
-    per_gpu = _per_gpu(gpu)
-    util = values(gpu, "util_gpu_pct")
-    energy = [g["energy_j"] for g in per_gpu if g["energy_j"] is not None]
-    total_j = sum(energy) if energy else None
-    mem_used_pct = [g["avg_memory_used_percent"] for g in per_gpu if g["avg_memory_used_percent"] is not None]
-    capacity = [g["memory_total_gb"] for g in per_gpu if g["memory_total_gb"]]
-    throttle = [g for g in per_gpu if g["throttle_time_ratio"] is not None]
-    report: dict[str, Any] = {
-        "gpulse_report_version": REPORT_VERSION,
-        "run": {k: v for k, v in info.items() if not k.startswith("_")},
-        "start_time_ns": t0,
-        "end_time_ns": t1,
-        "train_runtime": _round(runtime, 3),
-        "train_steps": step_count,
-        "train_samples": int(samples),
-        "train_tokens": int(tokens),
-        "train_samples_per_second": _round(samples / runtime, 3) if runtime and samples else None,
-        "train_steps_per_second": _round(step_count / runtime, 4) if runtime and step_count else None,
-        "train_tokens_per_second": _round(tokens / runtime, 3) if runtime and tokens else None,
-        "step_time_s": {
-            "mean": _round(_mean(step_times)),
-            "median": _round(statistics.median(step_times)) if step_times else None,
-            "p90": _round(_quantile(step_times, 0.9)),
-            "max": _round(_max(step_times)),
-        },
-        "phases_s": _phases(steps) if steps else {},
-        "data_loading_time_ratio": _round(_ratio(wait, wait + sum(step_times)), 4) if step_times else None,
-        "communication_time_ratio": _round(_ratio(sum(comm), sum(step_times)), 4) if comm else None,
-        "tflops_per_gpu": _round(sum(m * t for m, t in tfl) / sum(t for _, t in tfl), 3) if tfl else None,
-        "mfu": _round(sum(m * t for m, t in weighted) / sum(t for _, t in weighted), 4) if weighted else None,
-        "gpu_peak_memory_allocated_gb": _round(peak_alloc / GIB, 4) if peak_alloc is not None else None,
-        "gpu_peak_memory_reserved_gb": _round(peak_reserved / GIB, 4) if peak_reserved is not None else None,
-        "gpu_memory_capacity_gb": _round(min(capacity), 4) if capacity else None,
-        "alloc_retries": int(sum(r["alloc_retries"] for r in _per_rank(steps, runs, runtime)))
-        if values(steps, "alloc_retries")
+    gpus = per_gpu(gpu)
+    totals = gpu_totals(gpus, gpu)
+    capacity = [g.memory_total_gb for g in gpus if g.memory_total_gb]
+    ranks = _per_rank(steps, runs, runtime)
+    report = RunReport(
+        gpulse_report_version=REPORT_VERSION,
+        run=info,
+        start_time_ns=t0,
+        end_time_ns=t1,
+        train_runtime=_round(runtime, 3),
+        train_steps=step_count,
+        train_samples=int(samples),
+        train_tokens=int(tokens),
+        train_samples_per_second=_round(samples / runtime, 3) if runtime and samples else None,
+        train_steps_per_second=_round(step_count / runtime, 4) if runtime and step_count else None,
+        train_tokens_per_second=_round(tokens / runtime, 3) if runtime and tokens else None,
+        step_time_s=StepTimeStats(
+            mean=_round(_mean(step_times)),
+            median=_round(statistics.median(step_times)) if step_times else None,
+            p90=_round(_quantile(step_times, 0.9)),
+            max=_round(_max(step_times)),
+        ),
+        phases_s=_phases(steps) if steps else {},
+        data_loading_time_ratio=_round(_ratio(wait, wait + sum(step_times)), 4) if step_times else None,
+        communication_time_ratio=_round(_ratio(sum(comm), sum(step_times)), 4) if comm else None,
+        tflops_per_gpu=_round(sum(m * t for m, t in tfl) / sum(t for _, t in tfl), 3) if tfl else None,
+        mfu=_round(sum(m * t for m, t in weighted) / sum(t for _, t in weighted), 4) if weighted else None,
+        gpu_peak_memory_allocated_gb=_round(peak_alloc / GIB, 4) if peak_alloc is not None else None,
+        gpu_peak_memory_reserved_gb=_round(peak_reserved / GIB, 4) if peak_reserved is not None else None,
+        gpu_memory_capacity_gb=_round(min(capacity), 4) if capacity else None,
+        alloc_retries=sum(r.alloc_retries for r in ranks) if values(steps, "alloc_retries") else None,
+        gpu_avg_utilization_percent=totals.gpu_avg_utilization_percent,
+        gpu_max_utilization_percent=totals.gpu_max_utilization_percent,
+        gpu_avg_sm_active_percent=totals.gpu_avg_sm_active_percent,
+        gpu_avg_tensor_active_percent=totals.gpu_avg_tensor_active_percent,
+        gpu_avg_memory_used_percent=totals.gpu_avg_memory_used_percent,
+        gpu_avg_power_w=totals.gpu_avg_power_w,
+        energy_kwh=_kwh(totals.energy_j),
+        energy_j_per_step=_round(totals.energy_j / step_count, 3)
+        if totals.energy_j is not None and step_count
         else None,
-        "gpu_avg_utilization_percent": _round(_mean(util), 2),
-        "gpu_max_utilization_percent": _round(_max(util), 2),
-        "gpu_avg_sm_active_percent": _round(_mean(values(gpu, "sm_active_pct")), 2),
-        "gpu_avg_tensor_active_percent": _round(_mean(values(gpu, "tensor_active_pct")), 2),
-        "gpu_avg_memory_used_percent": _round(_mean(mem_used_pct), 2),
-        "gpu_avg_power_w": _round(_mean(values(gpu, "power_w")), 2),
-        "energy_kwh": _round(total_j / 3.6e6, 9) if total_j is not None else None,
-        "energy_j_per_step": _round(total_j / step_count, 3) if total_j is not None and step_count else None,
-        "throttle_time_ratio": _round(max(g["throttle_time_ratio"] for g in throttle), 4) if throttle else None,
-        "throttle_time_s": _round(max((g["throttle_time_s"] or 0.0) for g in throttle), 3) if throttle else None,
-        "per_gpu": per_gpu,
-        "per_rank": _per_rank(steps, runs, runtime),
-        "events": [
-            {
-                "time_ns": r.get("time"),
-                "kind": r.get("kind"),
-                "text": r.get("text"),
-                "step": r.get("step"),
-                "rank": r.get("rank"),
-            }
+        throttle_time_ratio=totals.throttle_time_ratio,
+        throttle_time_s=totals.throttle_time_s,
+        per_gpu=gpus,
+        per_rank=ranks,
+        events=[
+            RunEvent(
+                time_ns=r.get("time"), kind=r.get("kind"), text=r.get("text"), step=r.get("step"), rank=r.get("rank")
+            )
             for r in sorted(events, key=lambda r: r.get("time") or 0)
         ],
-        "sources": {"train_step": len(steps), "gpu": len(gpu), "train_run": len(runs), "train_event": len(events)},
-        "thresholds": limits,
-    }
-    report["diagnosis"], report["not_evaluated"] = diagnose(report, limits)
+        sources=Sources(train_step=len(steps), gpu=len(gpu), train_run=len(runs), train_event=len(events)),
+        thresholds=limits.as_dict(),
+    )
+    report.diagnosis, report.not_evaluated = diagnose(report, limits)
+    return report
+
+
+def build_node_report(
+    gpu: Sequence[Row], gpu_events: Sequence[Row], thresholds: Mapping[str, float] | None = None
+) -> NodeReport:
+    """What the GPUs of a recording did when it holds no training run, with the GPU-only rules."""
+    limits = resolve_thresholds(thresholds)
+    gpus = per_gpu(gpu)
+    totals = gpu_totals(gpus, gpu)
+    times = [int(r["time"]) for r in [*gpu, *gpu_events] if r.get("time") is not None]
+    start, end = (min(times), max(times)) if times else (None, None)
+    report = NodeReport(
+        gpulse_report_version=REPORT_VERSION,
+        hosts=sorted({str(r["host"]) for r in gpu if r.get("host")}),
+        start_time_ns=start,
+        end_time_ns=end,
+        duration_s=_round((end - start) / 1e9, 3) if start is not None and end is not None else None,
+        gpus=len(gpus),
+        gpu_avg_utilization_percent=totals.gpu_avg_utilization_percent,
+        gpu_max_utilization_percent=totals.gpu_max_utilization_percent,
+        gpu_avg_sm_active_percent=totals.gpu_avg_sm_active_percent,
+        gpu_avg_tensor_active_percent=totals.gpu_avg_tensor_active_percent,
+        gpu_avg_memory_used_percent=totals.gpu_avg_memory_used_percent,
+        gpu_avg_power_w=totals.gpu_avg_power_w,
+        energy_kwh=_kwh(totals.energy_j),
+        throttle_time_ratio=totals.throttle_time_ratio,
+        throttle_time_s=totals.throttle_time_s,
+        per_gpu=gpus,
+        events=[
+            GpuEvent(
+                time_ns=r.get("time"),
+                host=r.get("host"),
+                gpu=r.get("gpu"),
+                kind=r.get("kind"),
+                xid=int(x) if (x := num(r, "xid")) is not None else None,
+                text=r.get("text"),
+            )
+            for r in sorted(gpu_events, key=lambda r: r.get("time") or 0)
+        ],
+        sources={"gpu": len(gpu), "gpu_event": len(gpu_events)},
+        thresholds=limits.as_dict(),
+    )
+    report.diagnosis, report.not_evaluated = diagnose(report, limits)
     return report

@@ -819,7 +819,7 @@ class Run:
             path = os.path.join(self.output_dir, REPORT_FILE)
             tmp = f"{path}.{self._pid}.tmp"
             with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(report, fh, indent=2, default=str)
+                json.dump(report.to_json(), fh, indent=2, default=str)
             os.replace(tmp, path)
         except Exception as exc:
             self.guard.report("metrics_report", exc)

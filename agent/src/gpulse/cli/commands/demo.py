@@ -180,12 +180,9 @@ def _print_links(args: argparse.Namespace, tl, run_id: str) -> None:
 
 
 def _report(args: argparse.Namespace, conn, run_id: str) -> int:
-    import json
-
-    from gpulse.report.html import render_html
     from gpulse.report.load import load_files, load_influx, read_points
     from gpulse.report.model import build_report
-    from gpulse.report.text import render_text
+    from gpulse.report.output import write_run_report
 
     if conn.url:
         from gpulse.influx.query import InfluxQL
@@ -195,13 +192,33 @@ def _report(args: argparse.Namespace, conn, run_id: str) -> int:
         rows, _bad = read_points([args.record])
         data = load_files(rows, run_id)
     report = build_report(data.steps, data.gpu, data.runs, data.events)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "metrics_report.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2, default=str)
-    html = os.path.join(args.out, "metrics_report.html")
-    with open(html, "w", encoding="utf-8") as f:
-        f.write(render_html(report, data.steps, data.gpu, data.events))
     print()
-    sys.stdout.write(render_text(report))
-    print(f"\nthe run's report: {html} (and metrics_report.json); again any time: gpulse report --run {run_id}")
+    _json, html = write_run_report(report, args.out, steps=data.steps, gpu=data.gpu, events=data.events, html=True)
+    print(f"the run's report: {html}; again any time: {report_command(args, conn, run_id)}")
     return 0
+
+
+def report_command(args: argparse.Namespace, conn, run_id: str) -> str:
+    """The ``gpulse report`` command that rebuilds this report where the demo ran: from the
+    database with the connection the demo used, or from the recording when there was none."""
+    import shlex
+
+    if not conn.url:
+        return shlex.join(["gpulse", "report", "--from-file", args.record, "--html", "--out", args.out])
+    return shlex.join(["gpulse", "report", "--run", run_id, *connection_flags(conn), "--html", "--out", args.out])
+
+
+def connection_flags(conn) -> list[str]:
+    """Flags that name ``conn`` again (its token by the file it came from; ``GPULSE_TOKEN`` stays in the env)."""
+    from gpulse.influx.connection import DEFAULT_BUCKET, DEFAULT_ORG
+
+    flags = ["--url", conn.url]
+    if conn.api != "v2":
+        flags += ["--api", conn.api]
+    if conn.api == "v2" and conn.org != DEFAULT_ORG:
+        flags += ["--org", conn.org]
+    if conn.bucket != DEFAULT_BUCKET:
+        flags += ["--bucket", conn.bucket]
+    if conn.token_source.startswith("file "):
+        flags += ["--token-file", conn.token_source.removeprefix("file ")]
+    return flags

@@ -2,20 +2,18 @@
 
 Prints the report (diagnosis first; ``--json`` prints the JSON instead), writes
 ``metrics_report.json`` into ``--out`` and, with ``--html``, ``metrics_report.html`` next to it.
+A recording that holds no training run (``gpulse agent --record``) gives a node report instead
+(``node_report.json``/``.html``: the GPUs, their energy, throttling and events).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 from gpulse.influx.connection import ConfigError, add_connection_flags, resolve_connection
-
-REPORT_JSON = "metrics_report.json"
-REPORT_HTML = "metrics_report.html"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,10 +62,9 @@ def _choose(run: str | None, runs: list[str], where: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from gpulse.report.diagnose import parse_threshold_args
-    from gpulse.report.html import render_html
     from gpulse.report.load import list_runs_influx, load_files, load_influx, read_points, runs_in
     from gpulse.report.model import build_report
-    from gpulse.report.text import render_text
+    from gpulse.report.output import write_run_report
 
     thresholds = parse_threshold_args(args.threshold)
     if args.from_file:
@@ -79,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpulse report: {path}:{lineno}: skipped: {why}", file=sys.stderr)
         if len(bad) > 5:
             print(f"gpulse report: ... {len(bad) - 5} more unreadable lines skipped", file=sys.stderr)
+        if not args.run and not runs_in(rows):  # a node recording without a training run
+            return _node_report(args, rows, thresholds)
         run_id = _choose(args.run, runs_in(rows), ", ".join(args.from_file))
         data = load_files(rows, run_id)
     else:
@@ -95,17 +94,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpulse report: no points for run {run_id!r}", file=sys.stderr)
         return 1
     report = build_report(data.steps, data.gpu, data.runs, data.events, thresholds)
-    os.makedirs(args.out, exist_ok=True)
-    json_path = os.path.join(args.out, REPORT_JSON)
-    with open(json_path, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2, default=str)
-    if args.html:
-        with open(os.path.join(args.out, REPORT_HTML), "w", encoding="utf-8") as f:
-            f.write(render_html(report, data.steps, data.gpu, data.events))
-    if args.json:
-        json.dump(report, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_text(report))
-        print(f"\nwrote {json_path}" + (f" and {os.path.join(args.out, REPORT_HTML)}" if args.html else ""))
+    write_run_report(
+        report, args.out, steps=data.steps, gpu=data.gpu, events=data.events, html=args.html, as_json=args.json
+    )
+    return 0
+
+
+def _node_report(args: argparse.Namespace, rows: dict[str, list[dict[str, Any]]], thresholds: dict[str, float]) -> int:
+    """A recording with GPU samples and no training run: what the node's GPUs did."""
+    from gpulse.report.model import build_node_report
+    from gpulse.report.output import write_node_report
+
+    gpu = rows.get("gpu", [])
+    if not gpu:
+        raise ConfigError(f"no training run and no GPU samples in {', '.join(args.from_file)}")
+    report = build_node_report(gpu, rows.get("gpu_event", []), thresholds)
+    write_node_report(report, args.out, gpu=gpu, html=args.html, as_json=args.json)
     return 0

@@ -1,0 +1,235 @@
+"""The report's typed records: what ``metrics_report.json`` holds, one dataclass per object in it.
+
+Stdlib only, like :mod:`gpulse.report.model` (the training process writes the report too). Field
+names are the JSON keys (seed 000's names; ``agent/tests/report/test_report_json.py`` keeps them),
+in the order the file lists them; :meth:`RunReport.to_json` is the file's content. Readers (the
+diagnosis, the text and HTML renderers, the demo) use attributes, so a misspelt field fails in the
+type checker or at the first run of a test, not in a user's report.
+
+Adding a field: add it here where it belongs in the file, fill it in :mod:`gpulse.report.model`,
+and add its name to ``ADDED_KEYS`` in the JSON test (which otherwise guards seed 000's names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+REPORT_VERSION = 1
+
+
+def as_json(record: Any) -> dict[str, Any]:
+    """A record as the JSON object it stands for (nested records and lists of them included)."""
+    return dataclasses.asdict(record)
+
+
+@dataclass
+class RunInfo:
+    """Who the run was: from its ``train_run`` points and the tags of its steps."""
+
+    id: str | list[str] | None
+    name: str | None
+    status: str
+    world_size: int | None
+    ranks: list[int]
+    hosts: list[str]
+    gpus: list[str]
+    mfu_formula: str | None
+    peak_flops: float | None
+    flops_per_token: float | None
+    config: str | None
+
+
+@dataclass
+class StepTimeStats:
+    mean: float | None
+    median: float | None
+    p90: float | None
+    max: float | None
+
+
+@dataclass
+class RankSummary:
+    """One rank's steps (``per_rank``)."""
+
+    rank: int
+    host: str | None
+    gpus: list[str]
+    steps: int
+    mean_step_time_s: float | None
+    median_step_time_s: float | None
+    median_compute_time_s: float | None
+    data_loading_time_ratio: float | None
+    communication_time_ratio: float | None
+    samples_per_second: float | None
+    peak_memory_allocated_gb: float | None
+    alloc_retries: int
+    slowdown_vs_median: float | None = None
+
+
+@dataclass
+class GpuSummary:
+    """One GPU's samples over the report's window (``per_gpu``); run and node reports share it."""
+
+    key: str
+    host: str | None
+    gpu: str | None
+    uuid: str | None
+    model: str | None
+    samples: int
+    avg_utilization_percent: float | None
+    max_utilization_percent: float | None
+    avg_sm_active_percent: float | None
+    avg_tensor_active_percent: float | None
+    peak_memory_used_gb: float | None
+    memory_total_gb: float | None
+    avg_memory_used_percent: float | None
+    avg_power_w: float | None
+    energy_j: float | None
+    throttle_time_ratio: float | None
+    throttle_time_s: float | None
+    throttle_reasons: dict[str, float]
+    avg_sm_clock_mhz: float | None
+
+
+@dataclass
+class GpuTotals:
+    """The GPUs taken together: the ``gpu_*``, ``energy_*`` and ``throttle_*`` figures of both reports."""
+
+    gpu_avg_utilization_percent: float | None
+    gpu_max_utilization_percent: float | None
+    gpu_avg_sm_active_percent: float | None
+    gpu_avg_tensor_active_percent: float | None
+    gpu_avg_memory_used_percent: float | None
+    gpu_avg_power_w: float | None
+    energy_j: float | None
+    throttle_time_ratio: float | None
+    throttle_time_s: float | None
+
+
+@dataclass
+class RunEvent:
+    """A ``train_event`` point (checkpoint, eval, ...)."""
+
+    time_ns: int | None
+    kind: str | None
+    text: str | None
+    step: Any
+    rank: Any
+
+
+@dataclass
+class Sources:
+    """How many points of each measurement the report was built from."""
+
+    train_step: int
+    gpu: int
+    train_run: int
+    train_event: int
+
+
+@dataclass
+class Finding:
+    """One diagnosis: what was seen (numbers), the threshold crossed, and what to change."""
+
+    id: str
+    title: str
+    evidence: str
+    threshold: str
+    action: str
+    data: dict[str, Any]
+
+
+@dataclass
+class RunReport:
+    """``metrics_report.json``: a training run's numbers and its diagnosis."""
+
+    gpulse_report_version: int
+    run: RunInfo
+    start_time_ns: int | None
+    end_time_ns: int | None
+    train_runtime: float | None
+    train_steps: int
+    train_samples: int
+    train_tokens: int
+    train_samples_per_second: float | None
+    train_steps_per_second: float | None
+    train_tokens_per_second: float | None
+    step_time_s: StepTimeStats
+    #: mean seconds per step of each phase that appears (data_wait, forward, ..., custom, other)
+    phases_s: dict[str, float]
+    data_loading_time_ratio: float | None
+    communication_time_ratio: float | None
+    tflops_per_gpu: float | None
+    mfu: float | None
+    gpu_peak_memory_allocated_gb: float | None
+    gpu_peak_memory_reserved_gb: float | None
+    gpu_memory_capacity_gb: float | None
+    alloc_retries: int | None
+    gpu_avg_utilization_percent: float | None
+    gpu_max_utilization_percent: float | None
+    gpu_avg_sm_active_percent: float | None
+    gpu_avg_tensor_active_percent: float | None
+    gpu_avg_memory_used_percent: float | None
+    gpu_avg_power_w: float | None
+    energy_kwh: float | None
+    energy_j_per_step: float | None
+    throttle_time_ratio: float | None
+    throttle_time_s: float | None
+    per_gpu: list[GpuSummary]
+    per_rank: list[RankSummary]
+    events: list[RunEvent]
+    sources: Sources
+    #: every diagnosis threshold by name, as applied (defaults with the overrides)
+    thresholds: dict[str, float]
+    diagnosis: list[Finding] = field(default_factory=list)
+    not_evaluated: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return as_json(self)
+
+
+@dataclass
+class GpuEvent:
+    """A ``gpu_event`` point: XID, ECC error, GPU lost or recovered."""
+
+    time_ns: int | None
+    host: str | None
+    gpu: str | None
+    kind: str | None
+    xid: int | None
+    text: str | None
+
+
+@dataclass
+class NodeReport:
+    """``node_report.json``: what a node's GPUs did over a recording that holds no training run
+    (``gpulse agent --record`` without training): utilisation, memory, power, energy, throttling,
+    events, and the diagnosis rules that need only GPU samples."""
+
+    gpulse_report_version: int
+    hosts: list[str]
+    start_time_ns: int | None
+    end_time_ns: int | None
+    duration_s: float | None
+    gpus: int
+    gpu_avg_utilization_percent: float | None
+    gpu_max_utilization_percent: float | None
+    gpu_avg_sm_active_percent: float | None
+    gpu_avg_tensor_active_percent: float | None
+    gpu_avg_memory_used_percent: float | None
+    gpu_avg_power_w: float | None
+    energy_kwh: float | None
+    throttle_time_ratio: float | None
+    throttle_time_s: float | None
+    per_gpu: list[GpuSummary]
+    events: list[GpuEvent]
+    #: points read per measurement
+    sources: dict[str, int]
+    thresholds: dict[str, float]
+    diagnosis: list[Finding] = field(default_factory=list)
+    not_evaluated: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return as_json(self)
