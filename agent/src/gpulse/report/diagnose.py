@@ -157,8 +157,17 @@ def _pct(v: float) -> str:
     return f"{100 * v:.1f}%"
 
 
-def _gpu_list(gpus: Sequence[GpuSummary], text: Callable[[GpuSummary], str]) -> str:
-    return "; ".join(f"{g.key}: {text(g)}" for g in gpus)
+#: GPUs named one by one in a finding's evidence; the rest are counted (all are in its data).
+EVIDENCE_GPUS = 8
+
+
+def _gpu_list(
+    gpus: Sequence[GpuSummary], text: Callable[[GpuSummary], str], worst_first: Callable[[GpuSummary], float]
+) -> str:
+    """``key: text`` for the :data:`EVIDENCE_GPUS` worst GPUs (lowest ``worst_first`` first), then a count."""
+    shown = "; ".join(f"{g.key}: {text(g)}" for g in sorted(gpus, key=worst_first)[:EVIDENCE_GPUS])
+    rest = len(gpus) - EVIDENCE_GPUS
+    return shown + (f"; and {rest} more GPU(s) (all of them in the finding's data)" if rest > 0 else "")
 
 
 # -- the rules, in the order their findings are listed -------------------------------------------------
@@ -227,7 +236,9 @@ def gpu_starved(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
         return None
     return Hit(
         _gpu_list(
-            starved, lambda g: f"busy {g.avg_utilization_percent:.0f}%, memory {g.avg_memory_used_percent:.0f}% full"
+            starved,
+            lambda g: f"busy {g.avg_utilization_percent:.0f}%, memory {g.avg_memory_used_percent:.0f}% full",
+            lambda g: g.avg_utilization_percent or 0,
         ),
         f"util < {t.starved_util_pct:g}% while memory > {t.starved_memory_pct:g}%",
         {"gpus": [g.key for g in starved]},
@@ -257,7 +268,9 @@ def launch_bound(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
         return None
     return Hit(
         _gpu_list(
-            launch, lambda g: f"NVML util {g.avg_utilization_percent:.0f}% but SM active {g.avg_sm_active_percent:.0f}%"
+            launch,
+            lambda g: f"NVML util {g.avg_utilization_percent:.0f}% but SM active {g.avg_sm_active_percent:.0f}%",
+            lambda g: g.avg_sm_active_percent or 0,
         ),
         f"util >= {t.launch_bound_util_pct:g}% and SM active < {t.launch_bound_sm_active_pct:g}%",
         {"gpus": [g.key for g in launch]},
@@ -284,7 +297,11 @@ def gpu_imbalance(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
     if not idle:
         return None
     return Hit(
-        _gpu_list(idle, lambda g: f"busy {g.avg_utilization_percent:.0f}% vs median {med:.0f}%"),
+        _gpu_list(
+            idle,
+            lambda g: f"busy {g.avg_utilization_percent:.0f}% vs median {med:.0f}%",
+            lambda g: g.avg_utilization_percent or 0,
+        ),
         f"GPU busy × {t.imbalance_factor:g} < median GPU busy",
         {"gpus": [g.key for g in idle], "median_util": med},
     )
@@ -307,7 +324,11 @@ def throttling(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
         reasons = ", ".join(f"{k} {_pct(v)}" for k, v in g.throttle_reasons.items())
         return f"throttled {_pct(g.throttle_time_ratio or 0)} of the time" + (f" ({reasons})" if reasons else "")
 
-    return Hit(_gpu_list(hot, text), f"throttled > {_pct(t.throttle_ratio)} of samples", {"gpus": [g.key for g in hot]})
+    return Hit(
+        _gpu_list(hot, text, lambda g: -(g.throttle_time_ratio or 0)),
+        f"throttled > {_pct(t.throttle_ratio)} of samples",
+        {"gpus": [g.key for g in hot]},
+    )
 
 
 @rule(

@@ -23,8 +23,8 @@ from html import escape
 from typing import Any
 
 from gpulse.report import units
-from gpulse.report.model import GIB, PHASES, gpu_key, group_by, num, rank_key, step_end_ns
-from gpulse.report.records import GpuSummary, NodeReport, RunReport
+from gpulse.report.model import GIB, PHASES, gpu_key, group_by, num, rank_key, step_end_ns, step_start_ns
+from gpulse.report.records import GpuSummary, NodeReport, RunReport, gpu_order
 
 Row = Mapping[str, Any]
 #: SVG user units; the page scales plots to its width (max 1000 px).
@@ -383,13 +383,13 @@ def stacked_bars(
         body.append(f'<g class="series" data-series="{escape(label)}">')
         for i, x in enumerate(xs):
             v = vals[i]
-            if v <= 0:
+            if v <= 1e-9:  # nothing to stack (float residue of a difference)
                 continue
             y_top, y_bot = f.py(base[i] + v), f.py(base[i])
             base[i] += v
             body.append(
                 f'<rect x="{f.px(x) - width / 2:.1f}" y="{y_top:.1f}" width="{width:.1f}" height="{max(y_bot - y_top, 0.3):.1f}" '
-                f'fill="{color}"><title>{escape(label)}: {v:.4g} s</title></rect>'
+                f'fill="{color}"><title>{escape(label)}: {units.number(v, 4)} s</title></rect>'
             )
         body.append("</g>")
     leg, leg_h = _legend([LegendItem(label, c, swatch="box") for label, c, _ in stacks], f.bottom + AXIS_H)
@@ -409,7 +409,7 @@ def bar_chart(
         body.append(
             f'<rect class="series" data-series="{escape(label)}" x="{x - width * 0.35:.1f}" y="{f.py(v):.1f}" '
             f'width="{width * 0.7:.1f}" height="{max(f.py(0) - f.py(v), 0.3):.1f}" '
-            f'fill="{PALETTE[0]}"><title>{escape(label)}: {v:.4g}</title></rect>'
+            f'fill="{PALETTE[0]}"><title>{escape(label)}: {units.number(v, 4)}</title></rect>'
         )
         if i % every == 0:
             body.append(f'<text x="{x:.1f}" y="{f.bottom + 14}" class="k" text-anchor="middle">{escape(label)}</text>')
@@ -452,6 +452,12 @@ def _thin(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     return [((edges[i] + edges[i + 1]) / 2, v) for i, v in enumerate(_bin_means(points, edges)) if v is not None]
 
 
+def gpus_in_order(gpu: Sequence[Row]) -> list[tuple[str, list[Row]]]:
+    """The GPUs' rows grouped by GPU, in the order people count them: by host, then by index."""
+    groups = group_by(gpu, gpu_key)
+    return sorted(groups.items(), key=lambda kv: gpu_order(kv[1][0].get("host"), kv[1][0].get("gpu"), kv[0]))
+
+
 def gpu_labels(gpu: Sequence[Row]) -> dict[str, str]:
     """``GPU 3`` per GPU key on one host, ``node2 GPU 3`` across hosts (the uuid stays in the tables)."""
     hosts = {r.get("host") for r in gpu}
@@ -463,11 +469,6 @@ def gpu_labels(gpu: Sequence[Row]) -> dict[str, str]:
             label = f"GPU {index}" if index is not None else key[-12:]
             out[key] = label if len(hosts) <= 1 else f"{r.get('host')} {label}"
     return out
-
-
-def _gpu_label(g: GpuSummary, one_host: bool) -> str:
-    label = f"GPU {g.gpu}" if g.gpu is not None else g.key[-12:]
-    return label if one_host else f"{g.host} {label}"
 
 
 def _by_step(steps: Sequence[Row]) -> dict[int, list[Row]]:
@@ -505,7 +506,7 @@ def _gpu_series(
 ) -> list[Series]:
     labels = gpu_labels(gpu)
     out = []
-    for i, (key, rows) in enumerate(sorted(group_by(gpu, gpu_key).items())):
+    for i, (key, rows) in enumerate(gpus_in_order(gpu)):
         pts = sorted(
             (clock.x(int(r["time"])), v * scale)
             for r in rows
@@ -561,15 +562,16 @@ def _phase_chart(steps: Sequence[Row], phases: Mapping[str, float]) -> str | Non
     return stacked_bars(
         "Step time by phase, data wait included (mean over ranks)",
         xs,
-        [(n, c, v) for (n, v), c in zip(stacks.items(), colors, strict=True)],
+        [(n, c, v) for (n, v), c in zip(stacks.items(), colors, strict=True) if max(v, default=0.0) > 1e-9],
         "step",
         "seconds",
     )
 
 
 def _throughput_chart(steps: Sequence[Row], clock: _Clock, events: Sequence[tuple[float, str]]) -> str | None:
-    """What the user got: tokens (else samples) finished per second of wall time, all ranks, waits
-    included; each bin spans at least four steps so a rate never jumps between 0 and a burst."""
+    """What the user got: tokens (else samples) per second of wall time, all ranks. Each step's
+    amount is spread over its wall time, from the start of its wait for data to its end, so a data
+    stall lowers the curve (a per-step rate would leave the wait out and read as normal)."""
 
     def amount(r: Row, count: str, rate: str) -> float | None:
         v = num(r, count)
@@ -580,24 +582,23 @@ def _throughput_chart(steps: Sequence[Row], clock: _Clock, events: Sequence[tupl
     unit, count, rate = ("tokens", "tokens", "tokens_per_s")
     if not any(amount(r, count, rate) for r in steps):
         unit, count, rate = ("samples", "samples", "samples_per_s")
-    done = [(step_end_ns(r), v) for r in steps if (v := amount(r, count, rate))]
-    if len(done) < 2:
+    spans = [(step_start_ns(r), step_end_ns(r), v) for r in steps if (v := amount(r, count, rate))]
+    if len(spans) < 2:
         return None
-    t_first = min(t for t, _ in done)
-    t_last = max(t for t, _ in done)
-    walls = [(num(r, "step_time_s") or 0.0) + (num(r, "data_wait_s") or 0.0) for r in steps]
-    step_wall = statistics.median(walls) if walls else 0.0
-    span_s = (t_last - t_first) / 1e9
-    n = max(1, min(MAX_POINTS // 2, int(span_s / max(4 * step_wall, 1e-9))))
-    width_s = span_s / n if n else span_s
-    if width_s <= 0:
-        return None
+    edges = _bin_edges(min(s for s, _, _ in spans), max(e for _, e, _ in spans), MAX_POINTS // 2)
+    n, width_ns = len(edges) - 1, edges[1] - edges[0]
     sums = [0.0] * n
-    for t, v in done:
-        sums[min(n - 1, int((t - t_first) / 1e9 / width_s))] += v
-    pts = [(clock.x(t_first + (i + 0.5) * width_s * 1e9), s / width_s) for i, s in enumerate(sums)]
+    for s, e, v in spans:
+        first = min(n - 1, max(0, int((s - edges[0]) / width_ns)))
+        last = min(n - 1, max(0, int((e - edges[0]) / width_ns)))
+        if e <= s or first == last:
+            sums[last] += v
+            continue
+        for i in range(first, last + 1):
+            sums[i] += v * (min(e, edges[i + 1]) - max(s, edges[i])) / (e - s)
+    pts = [(clock.x((edges[i] + edges[i + 1]) / 2), total / (width_ns / 1e9)) for i, total in enumerate(sums)]
     return line_chart(
-        f"Throughput: {unit} per second of wall time, all ranks (data waits included)",
+        f"Throughput: {unit} per second of wall time, all ranks (waits for data included)",
         [Series(f"{unit}/s", pts)],
         clock.axis.label,
         f"{unit}/s",
@@ -661,18 +662,24 @@ h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bo
 .ok{border-left:4px solid #2ca02c;background:#f4fff4;padding:8px 12px}
 .muted{color:#777;font-size:13px} .small{font-size:11px}
 table{border-collapse:collapse;font-size:13px;max-width:100%} .wide{width:100%}
-td,th{border:1px solid #ddd;padding:3px 6px;text-align:right;overflow-wrap:anywhere} th{background:#f5f5f5}
-td:first-child,th:first-child{text-align:left}
+td,th{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap} th{background:#f5f5f5}
+td:first-child,th:first-child{text-align:left} td.wrap{white-space:normal;overflow-wrap:anywhere;text-align:left;min-width:8em}
 svg{display:block;margin:14px 0;max-width:100%;height:auto} .t{font-size:14px;font-weight:600} .l{font-size:11px;fill:#444}
 .k{font-size:11px;fill:#555} .ax{stroke:#333} .g{stroke:#eee} .m{stroke:#999} .e{stroke:#9467bd;stroke-dasharray:2 2}
 pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:11px}
 """
 
 
-def _table(rows: Sequence[Sequence[str]], head: Sequence[str], cls: str = "") -> str:
-    """Cells are HTML already (escaped by the caller)."""
+def _table(rows: Sequence[Sequence[str]], head: Sequence[str], cls: str = "", wrap: Sequence[int] = ()) -> str:
+    """Cells are HTML already (escaped by the caller); columns in ``wrap`` may break lines (long
+    names), the others keep each value on one line."""
     th = "".join(f"<th>{escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="wrap">{c}</td>' if i in wrap else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
     return f'<table class="{cls}"><tr>{th}</tr>{body}</table>'
 
 
@@ -681,15 +688,16 @@ def _e(v: Any, fmt: Callable[[Any], str] = lambda v: units.number(v, 3)) -> str:
 
 
 def _reasons(reasons: Mapping[str, float]) -> str:
-    return ", ".join(f"{k} {units.percent(v, 0)}" for k, v in reasons.items()) or "-"
+    return ", ".join(f"{k.removeprefix('clk_')} {units.percent(v, 0)}" for k, v in reasons.items()) or "-"
 
 
 def _gpu_table(gpus: Sequence[GpuSummary]) -> str:
-    one_host = len({g.host for g in gpus}) <= 1
+    many_hosts = len({g.host for g in gpus}) > 1
+    gpus = sorted(gpus, key=GpuSummary.order)
     rows = [
         [
-            f"{escape(_gpu_label(g, one_host))}<br><span class='muted small'>{escape(g.uuid or g.key)}</span>",
-            escape(g.model or "?"),
+            f"{escape(g.label(many_hosts))}<br><span class='muted small'>{escape(g.uuid or g.key)}</span>",
+            escape((g.model or "?").removeprefix("NVIDIA ")),
             _e(g.samples),
             _e(g.avg_utilization_percent, lambda v: units.number(v, 1)),
             _e(g.avg_sm_active_percent, lambda v: units.number(v, 1)),
@@ -715,7 +723,7 @@ def _gpu_table(gpus: Sequence[GpuSummary]) -> str:
         "throttled",
         "why",
     ]
-    return _table(rows, head, "wide")
+    return _table(rows, head, "wide", wrap=(0, len(head) - 1))
 
 
 def _findings(findings: Sequence[Any], not_evaluated: Sequence[str]) -> list[str]:
@@ -811,13 +819,13 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
                 _e(x.rank),
                 escape(x.host or "?"),
                 _e(x.steps),
-                _e(x.median_step_time_s, lambda v: units.number(v, 4)),
-                _e(x.median_compute_time_s, lambda v: units.number(v, 4)),
+                _e(x.median_step_time_s, lambda v: f"{v:.4f}"),
+                _e(x.median_compute_time_s, lambda v: f"{v:.4f}"),
                 _e(x.data_loading_time_ratio, units.percent),
                 _e(x.communication_time_ratio, units.percent),
                 _e(x.samples_per_second),
                 _e(x.peak_memory_allocated_gb, lambda v: units.number(v, 2)),
-                _e(x.slowdown_vs_median, lambda v: f"×{units.number(v, 2)}"),
+                _e(x.slowdown_vs_median, lambda v: f"×{v:.2f}"),
             ]
             for x in report.per_rank
         ]
@@ -875,7 +883,7 @@ def render_node_html(report: NodeReport, gpu: Sequence[Row]) -> str:
             ]
             for e in report.events
         ]
-        body.append(_table(rows, ["after", "host", "GPU", "event", "text"], "wide"))
+        body.append(_table(rows, ["after", "host", "GPU", "event", "text"], "wide", wrap=(4,)))
     else:
         body.append('<p class="muted">No XID, ECC or GPU-lost event in the recording.</p>')
     hosts = ", ".join(report.hosts) or "?"

@@ -92,6 +92,20 @@ class GpuSummary:
     throttle_reasons: dict[str, float]
     avg_sm_clock_mhz: float | None
 
+    def label(self, with_host: bool = False) -> str:
+        """``GPU 3`` (``node2 GPU 3`` with the host), as people name GPUs; the key where no index is known."""
+        name = f"GPU {self.gpu}" if self.gpu is not None else self.key
+        return f"{self.host} {name}" if with_host else name
+
+    def order(self) -> tuple[str, int, str]:
+        return gpu_order(self.host, self.gpu, self.key)
+
+
+def gpu_order(host: Any, index: Any, key: str) -> tuple[str, int, str]:
+    """Sort key for GPUs: by host, then by index as a number (GPU 2 before GPU 10)."""
+    i = str(index)
+    return (str(host), int(i) if i.isdigit() else 1 << 30, key)
+
 
 @dataclass
 class GpuTotals:

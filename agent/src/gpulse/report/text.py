@@ -13,6 +13,10 @@ def _fmt(v: float | int | None, unit: str = "", digits: int = 3) -> str:
 _pct = units.percent
 
 
+def _ratio(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
 def _diagnosis(findings: list[Finding], not_evaluated: list[str]) -> list[str]:
     out = [f"DIAGNOSIS: {len(findings)} finding(s)" if findings else "DIAGNOSIS: no bottleneck found"]
     for i, f in enumerate(findings, 1):
@@ -35,11 +39,12 @@ def _gpu_activity(r: RunReport | NodeReport) -> str:
 
 
 def _per_gpu(gpus: list[GpuSummary]) -> list[str]:
+    many_hosts = len({g.host for g in gpus}) > 1
     return [
-        f"  {g.key}: util {_fmt(g.avg_utilization_percent, '%', 0)}, SM {_fmt(g.avg_sm_active_percent, '%', 0)}, "
+        f"  {g.label(many_hosts)} ({g.uuid or g.key}): util {_fmt(g.avg_utilization_percent, '%', 0)}, SM {_fmt(g.avg_sm_active_percent, '%', 0)}, "
         f"mem {_fmt(g.avg_memory_used_percent, '%', 0)}, power {_fmt(g.avg_power_w, ' W', 0)}, "
         f"energy {units.energy(g.energy_j)}, throttled {_pct(g.throttle_time_ratio)}"
-        for g in gpus
+        for g in sorted(gpus, key=GpuSummary.order)
     ]
 
 
@@ -76,7 +81,7 @@ def render_text(r: RunReport) -> str:
         for x in r.per_rank:
             out.append(
                 f"  rank {x.rank} ({x.host or '?'}): {x.steps} steps, median step {_fmt(x.median_step_time_s, ' s', 4)}, "
-                f"data loading {_pct(x.data_loading_time_ratio)}, ×{_fmt(x.slowdown_vs_median, '', 2)} vs median"
+                f"data loading {_pct(x.data_loading_time_ratio)}, ×{_ratio(x.slowdown_vs_median)} vs median"
             )
     return "\n".join(out) + "\n"
 

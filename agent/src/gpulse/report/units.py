@@ -56,7 +56,8 @@ def number(value: float | int | None, decimals: int = 2) -> str:
         return f"{int(value):,}"
     if 0 < abs(value) < 10 ** (-decimals):  # tiny: two significant digits, not 0.00
         decimals = 1 - math.floor(math.log10(abs(value)))
-    return f"{value:,.{decimals}f}".rstrip("0").rstrip(".")
+    text = f"{value:,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def percent(ratio: float | None, digits: int = 1) -> str:
@@ -64,4 +65,4 @@ def percent(ratio: float | None, digits: int = 1) -> str:
 
 
 def _trim(v: float, digits: int) -> str:
-    return f"{v:.{digits}f}".rstrip("0").rstrip(".") if abs(v) < 1000 else f"{v:,.0f}"
+    return number(v, digits) if abs(v) < 1000 else f"{v:,.0f}"
