@@ -46,7 +46,7 @@ args = p.parse_args(["--url", {url!r}, "--api", "v1", "--bucket", "gpulse", "--n
 agent = Agent(load_config(args), stream=open("/dev/null", "w"), tty=False)
 marks = []
 def mark():
-    marks.append((time.process_time_ns(), inside[0], agent.samples, agent.cycles_skipped))
+    marks.append((time.process_time_ns(), inside[0], agent.counters.samples, agent.counters.cycles_skipped))
 import threading
 # Steady state only: from after start-up (probe, threads) to before shutdown (final flush).
 T0 = time.monotonic()

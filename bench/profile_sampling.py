@@ -51,7 +51,7 @@ def per_thread(interval: float, url: str, duration: float = 24.0) -> None:
 
     agent._cycle = timed_cycle  # type: ignore[method-assign]
     marks: list[tuple[dict[str, int], int, int]] = []
-    mark = lambda: marks.append((thread_cpu_ns(), agent.samples, in_cycle[0]))  # noqa: E731
+    mark = lambda: marks.append((thread_cpu_ns(), agent.counters.samples, in_cycle[0]))  # noqa: E731
     threading.Timer(3, mark).start()
     threading.Timer(duration - 2 * interval - 0.3, mark).start()
     agent.run()

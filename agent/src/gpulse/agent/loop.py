@@ -32,9 +32,10 @@ from typing import Any, TextIO
 
 from gpulse import __version__
 from gpulse.agent.config import AgentConfig
+from gpulse.agent.counters import LoopCounters, Reading, read
 from gpulse.agent.status_line import StatusLine
 from gpulse.lineprotocol.encode import Encoder, Series
-from gpulse.schema import GPU_TAGS, MEASUREMENTS, NVML_ERROR_KINDS
+from gpulse.schema import GPU_TAGS, MEASUREMENTS
 from gpulse.sources.base import GpuIdentity, GpuSource, SourceUnavailable
 from gpulse.util.ratelog import RateLimitedLog
 
@@ -132,16 +133,8 @@ class Agent:
         self.delivery: Any = None
         self.receiver: Any = None
         self.status_line: StatusLine | None = None
-        # counters (main thread writes; snapshot() reads them from the receiver thread)
-        self.samples = 0
-        self.cycles_skipped = 0
-        self.cycle_ms = 0.0
-        self.cycle_cpu_s = 0.0
-        self.loop_cpu_s = 0.0
-        self.points: dict[str, int] = {}
-        self.lines_submitted = 0
-        self.readings_unknown_gpu = 0
-        self.cycle_errors = 0
+        # the loop's counters (main thread writes; snapshot() reads them from the receiver thread)
+        self.counters = LoopCounters()
         self.started_mono = time.monotonic()
         self.started_unix = time.time()
         self.stop_reason = ""
@@ -211,7 +204,7 @@ class Agent:
             try:
                 self._loop()
             finally:
-                self.loop_cpu_s = process_cpu_s() - cpu0
+                self.counters.loop_cpu_s = process_cpu_s() - cpu0
         finally:
             self._shutdown()
             restore_signals()
@@ -259,15 +252,15 @@ class Agent:
             self._submit_self_metrics(time.time_ns())
             self.delivery.close(max(0.1, deadline - time.monotonic()))
         self._safe(self.source.close)
-        summary = self.summary()
-        print(json.dumps({"final": summary}, separators=(",", ":")), file=self.stream, flush=True)
+        reading = self.read_counters()
+        print(json.dumps({"final": self.summary(reading)}, separators=(",", ":")), file=self.stream, flush=True)
         log.info(
             "stopped (%s): %d samples, %d lines written, %d spooled, %d dropped",
             self.stop_reason or "done",
-            summary["samples"],
-            summary["lines_written"],
-            summary["lines_spooled"],
-            summary["lines_dropped"],
+            reading.samples,
+            reading.lines_written,
+            reading.lines_spooled,
+            reading.lines_dropped,
         )
 
     @staticmethod
@@ -305,19 +298,20 @@ class Agent:
             # Due. If we woke up more than an interval late (starved, stopped), the missed ticks are skipped.
             now_wall = time.monotonic_ns() + offset
             late_ticks = (now_wall - tick * interval_ns) // interval_ns
+            c = self.counters
             if late_ticks > 0:
-                self.cycles_skipped += late_ticks
+                c.cycles_skipped += late_ticks
                 tick += late_ticks
             ts = tick * interval_ns
             t0, c0 = time.perf_counter(), thread_time()
             try:
                 self._cycle(ts)
             except Exception as e:  # a source or encoder bug costs this cycle, never the agent
-                self.cycle_errors += 1
+                c.cycle_errors += 1
                 _rlog.log(f"cycle-{type(e).__name__}", logging.ERROR, "sampling cycle failed (counted): %r", e)
-            self.cycle_cpu_s += thread_time() - c0
-            self.cycle_ms = (time.perf_counter() - t0) * 1e3
-            self.samples += 1
+            c.cycle_cpu_s += thread_time() - c0
+            c.cycle_ms = (time.perf_counter() - t0) * 1e3
+            c.samples += 1
             stepped = False
             if ts >= next_selfm:
                 self._submit_self_metrics(ts)
@@ -329,7 +323,7 @@ class Agent:
             if stepped:
                 tick, next_selfm = nxt, 0
             else:
-                self.cycles_skipped += max(0, nxt - tick - 1)
+                c.cycles_skipped += max(0, nxt - tick - 1)
                 tick = max(nxt, tick + 1)
             now = time.monotonic()
             if now >= next_rate:
@@ -355,7 +349,7 @@ class Agent:
             self._gpus = list(gpus)
             self._rebuild_series()
         series = self._series
-        points = self.points
+        points = self.counters.points
         line = self.encoder.line
         lines: list[str] = []
         for r in readings:
@@ -372,12 +366,12 @@ class Agent:
                 lines.append(text)
                 points[r.measurement] = points.get(r.measurement, 0) + 1
         if lines:
-            self.lines_submitted += len(lines)
+            self.counters.lines_submitted += len(lines)
             self.delivery.submit(lines)
 
     def _unknown_gpu(self, index: int) -> None:
-        self.readings_unknown_gpu += 1
-        if self.readings_unknown_gpu == 1:
+        self.counters.readings_unknown_gpu += 1
+        if self.counters.readings_unknown_gpu == 1:
             log.warning("dropped a reading for GPU %d, which the source does not list (counted)", index)
 
     def _rebuild_series(self) -> None:
@@ -400,71 +394,38 @@ class Agent:
             self._base_tags[g.index] = tags_by_m
             self._series[g.index] = {m: self.encoder.series(m, t) for m, t in tags_by_m.items()}
 
-    # -- self-metrics, status, summary ---------------------------------------------------------------
+    # -- self-metrics, status, summary: three views of one reading -----------------------------------
     def _delivered(self) -> int:
         return int(self.delivery.stats().get("lines_written", 0)) if self.delivery is not None else 0
 
-    def _receiver_stats(self) -> dict[str, Any]:
-        if self.receiver is None:
-            return {}
-        try:
-            return dict(self.receiver.stats())
-        except Exception:  # a broken receiver must not take the self-metrics down with it
-            log.exception("training receiver stats failed")
-            return {}
-
-    def _nonfinite_dropped(self, receiver_stats: dict[str, Any]) -> int:
-        """NaN/Inf values dropped: by this encoder (GPU readings) and by the training channel's validator."""
-        by_cause = receiver_stats.get("values_dropped_by_cause") or {}
-        return self.encoder.nonfinite_dropped + int(by_cause.get("nonfinite", 0))
+    def read_counters(self) -> Reading:
+        """Every counter at once (loop, GPU source, delivery, training channel)."""
+        return read(
+            self.counters,
+            started_mono=self.started_mono,
+            gpus=len(self._gpus),
+            source=self.source,
+            delivery=self.delivery,
+            receiver=self.receiver,
+            encoder_nonfinite=self.encoder.nonfinite_dropped,
+        )
 
     def self_metrics(self) -> dict[str, Any]:
         """The fields of one ``agent`` point (see ``gpulse.schema.AGENT``)."""
-        d = dict(self.delivery.stats()) if self.delivery is not None else {}
-        rs = self._receiver_stats()
-        fields: dict[str, Any] = {
-            "samples": self.samples,
-            "cycles_skipped": self.cycles_skipped,
-            "cycle_ms": self.cycle_ms,
-            "gpus": len(self._gpus),
-            "gpus_lost": len(self.source.lost()),
-            "values_dropped_nonfinite": self._nonfinite_dropped(rs),
-            "records_received": rs.get("records_received", 0),
-            "records_rejected": rs.get("records_rejected", 0),
-            "runs_registered": rs.get("runs_registered", 0),
-            "uptime_s": time.monotonic() - self.started_mono,
-        }
-        for k in (
-            "lines_written",
-            "lines_spooled",
-            "lines_replayed",
-            "lines_dropped",
-            "lines_rejected",
-            "spool_bytes",
-            "buffer_lines",
-            "write_latency_ms",
-            "last_write_age_s",
-        ):
-            fields[k] = d.get(k)
-        errors = dict.fromkeys(NVML_ERROR_KINDS, 0)
-        for kind, n in self.source.error_counts().items():
-            errors[kind if kind in errors else "other"] += n
-        for kind, n in errors.items():
-            fields[f"nvml_errors_{kind}"] = n
-        return fields
+        return self.read_counters().agent_point()
 
     def _submit_self_metrics(self, ts: int) -> None:
         trim_heap()
         text = self.encoder.line(self._agent_series, self.self_metrics(), ts)
         if text is not None:
-            self.points["agent"] = self.points.get("agent", 0) + 1
-            self.lines_submitted += 1
+            c = self.counters
+            c.points["agent"] = c.points.get("agent", 0) + 1
+            c.lines_submitted += 1
             self.delivery.submit([text])
 
     def snapshot(self) -> dict[str, Any]:
         """The agent's state for ``gpulse status`` and the live status line (JSON-serialisable)."""
-        d = dict(self.delivery.stats()) if self.delivery is not None else {}
-        rs = self._receiver_stats()
+        r = self.read_counters()
         lost = self.source.lost()
         runs = dict(self._runs)
         return {
@@ -472,7 +433,7 @@ class Agent:
             "pid": os.getpid(),
             "host": self.cfg.host,
             "started_unix": round(self.started_unix, 3),
-            "uptime_s": round(time.monotonic() - self.started_mono, 3),
+            "uptime_s": round(r.uptime_s, 3),
             "interval_s": self.cfg.interval,
             "source": f"simulated {self.cfg.simulate_model}" if self.cfg.simulate else "nvml",
             "gpus": [
@@ -480,47 +441,43 @@ class Agent:
                 for g in self._gpus
             ],
             "runs": runs,
-            "samples": self.samples,
-            "cycles_skipped": self.cycles_skipped,
-            "cycle_ms": round(self.cycle_ms, 3),
+            "samples": r.samples,
+            "cycles_skipped": r.cycles_skipped,
+            "cycle_ms": round(r.cycle_ms, 3),
             "lines_per_s": round(self._rate.per_s, 1),
             "database": self.cfg.connection.describe() if self.cfg.connection.url else None,
             "record": self.cfg.record,
             "spool_dir": self.cfg.spool_dir,
-            "last_write_unix": d.get("last_write_unix"),
-            **{k: d.get(k) for k in ("lines_written", "lines_spooled", "lines_replayed", "lines_dropped")},
-            **{k: d.get(k) for k in ("lines_rejected", "spool_bytes", "buffer_lines", "last_write_age_s")},
-            "records_received": rs.get("records_received", 0),
-            "records_rejected": rs.get("records_rejected", 0),
+            **r.delivery(),
+            "records_received": r.records_received,
+            "records_rejected": r.records_rejected,
         }
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, reading: Reading | None = None) -> dict[str, Any]:
         """The final counts, printed as ``{"final": ...}`` at exit."""
-        d = dict(self.delivery.stats()) if self.delivery is not None else {}
-        rs = self._receiver_stats()
-        n = self.samples
+        r = reading or self.read_counters()
+        c = r.loop
+        n = c.samples
         return {
             "reason": self.stop_reason or "done",
-            "samples": self.samples,
-            "cycles_skipped": self.cycles_skipped,
-            "gpus": len(self._gpus),
-            "gpus_lost": len(self.source.lost()),
-            "points": dict(sorted(self.points.items())),
-            "lines_submitted": self.lines_submitted,
-            **{
-                k: d.get(k, 0)
-                for k in ("lines_written", "lines_spooled", "lines_replayed", "lines_dropped", "lines_rejected")
-            },
-            "spool_bytes": d.get("spool_bytes", 0),
-            "values_dropped_nonfinite": self._nonfinite_dropped(rs),
-            "readings_unknown_gpu": self.readings_unknown_gpu,
-            "cycle_errors": self.cycle_errors,
-            "records_received": rs.get("records_received", 0),
-            "records_rejected": rs.get("records_rejected", 0),
-            "uptime_s": round(time.monotonic() - self.started_mono, 3),
+            "samples": n,
+            "cycles_skipped": c.cycles_skipped,
+            "gpus": r.gpus,
+            "gpus_lost": r.gpus_lost,
+            "points": dict(sorted(c.points.items())),
+            "lines_submitted": c.lines_submitted,
+            **{k: getattr(r, k) for k in ("lines_written", "lines_spooled", "lines_replayed", "lines_dropped")},
+            "lines_rejected": r.lines_rejected,
+            "spool_bytes": r.spool_bytes,
+            "values_dropped_nonfinite": r.values_dropped_nonfinite,
+            "readings_unknown_gpu": c.readings_unknown_gpu,
+            "cycle_errors": c.cycle_errors,
+            "records_received": r.records_received,
+            "records_rejected": r.records_rejected,
+            "uptime_s": round(r.uptime_s, 3),
             "cpu_s": round(process_cpu_s(), 3),  # everything, imports and shutdown included
             # steady state: the whole process (all threads) while sampling, per cycle
-            "cpu_ms_per_cycle": round(self.loop_cpu_s * 1e3 / n, 3) if n else None,
+            "cpu_ms_per_cycle": round(c.loop_cpu_s * 1e3 / n, 3) if n else None,
             # the sampling thread alone (collect + encode + submit), per cycle
-            "cycle_cpu_ms": round(self.cycle_cpu_s * 1e3 / n, 3) if n else None,
+            "cycle_cpu_ms": round(c.cycle_cpu_s * 1e3 / n, 3) if n else None,
         }
