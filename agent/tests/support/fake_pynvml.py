@@ -487,7 +487,7 @@ class FakeNvml:
             m.total, m.reserved, m.used = g.mem_total, g.mem_reserved, g.mem_used
             m.free = g.mem_total - g.mem_reserved - g.mem_used
             return m
-        m1 = pynvml.c_nvmlMemory_t()  # v1: "used" includes the driver-reserved memory (trap T2)
+        m1 = pynvml.c_nvmlMemory_t()  # v1: "used" includes the driver-reserved memory
         m1.total, m1.used = g.mem_total, g.mem_used + g.mem_reserved
         m1.free = g.mem_total - m1.used
         return m1

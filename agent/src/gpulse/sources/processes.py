@@ -1,6 +1,6 @@
 """Who a GPU process is: command and user from /proc, and its Docker container.
 
-NVML reports host PIDs (the driver ignores PID namespaces, trap T5), so this reads the host's
+NVML reports host PIDs (the driver ignores PID namespaces), so this reads the host's
 ``/proc``; an agent in a container needs ``--pid=host``, otherwise the lookups find nothing and
 the fields are simply absent. The container id comes from ``/proc/PID/cgroup`` (cgroup v1
 ``/docker/<id>``, v2 ``/docker/<id>`` or systemd ``docker-<id>.scope``) and is named through the

@@ -5,7 +5,7 @@ at that instant plus deterministic noise, and counters (energy, NVLink bytes, th
 are integrals of per-phase rates over 10-second cells since the simulated driver load, so
 ``collect(t)`` may be called for past timestamps in any order (the demo backfills hours) and two
 sources with the same seed agree exactly. Counters restart at a simulated driver load once a day,
-as real NVML counters do (trap T11), which keeps the integrals short.
+as real NVML counters do at a driver reload or GPU reset, which keeps the integrals short.
 
 Phases: ``idle``, ``busy``, ``starved`` (data-loading bottleneck: memory full, little compute),
 ``throttled`` (thermal), ``straggler`` (power-capped, slower clocks). Without a scenario the node

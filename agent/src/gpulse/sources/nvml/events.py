@@ -1,7 +1,7 @@
 """XID and other critical GPU events through an NVML event set, in a thread of its own.
 
 The thread waits at most ``wait_ms`` (≤ 500 ms) per call so that closing the source never hangs;
-``NVMLError_Timeout`` is the normal "nothing happened" answer and is not counted (trap T12).
+``NVMLError_Timeout`` is the normal "nothing happened" answer of ``nvmlEventSetWait_v2`` and is not counted.
 Events become ``gpu_event`` readings stamped when they arrive, queued for the next collect().
 NVML keeps no history from before registration, so a source re-registers after a driver re-init.
 """

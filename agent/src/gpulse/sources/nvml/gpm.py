@@ -3,7 +3,7 @@
 Two sample buffers per GPU are used in turn (ping-pong): each cycle takes one sample into the
 older buffer and asks NVML for the metrics between the previous sample and this one, so every
 value covers the whole cycle and nothing sleeps. The first cycle after start has only one sample
-and yields nothing. NVML wants ≥100 ms between samples (trap T9); a faster cycle keeps the previous
+and yields nothing. NVML wants ≥100 ms between two GPM samples; a faster cycle keeps the previous
 sample and skips GPM for that cycle. Each metric carries its own ``nvmlReturn``: one that says
 NotSupported is dropped for good (the source then re-announces the GPU's capabilities).
 """

@@ -6,8 +6,8 @@ collectors ``(label, fn(handle, out))`` bound to the pynvml functions that answe
 then loops over these lists and never probes, so an unsupported metric costs nothing and is
 absent from the line, never 0.
 
-Field ids are the long-stable ones (trap T3: newer ``CLOCKS_EVENT_REASON_*`` ids were renumbered
-between bindings); each entry's ``nvmlReturn`` and a plausible range are checked at probe time.
+Field ids are the long-stable ones (the newer ``CLOCKS_EVENT_REASON_*`` ids were renumbered
+between binding releases: 251 in nvidia-ml-py 12.575.51, 269 in 13.x); each entry's ``nvmlReturn`` and a plausible range are checked at probe time.
 Units: power fields are mW (→ W); energy is mJ; NVLink counters are KiB; the perf-policy
 (throttle-time) counters 74-79 are stored as read, in the driver's unit, which nvidia-smi prints
 as µs (``clocks_event_reasons_counters_*``) while the older ViolationStatus API documents ns —
@@ -94,7 +94,7 @@ def _mem_v2(nv: Any) -> Collector | None:
         return None
 
     def c(h: Any, out: dict[str, Any]) -> None:
-        m = f(h, version=v2)  # v2: used excludes driver-reserved memory (trap T2)
+        m = f(h, version=v2)  # v2: used excludes driver-reserved memory (v1 counts it as used)
         out["mem_used_bytes"] = m.used
         out["mem_free_bytes"] = m.free
         out["mem_reserved_bytes"] = m.reserved
@@ -496,7 +496,7 @@ def _probe_processes(nv: Any, plan: GpuPlan) -> None:
         code = E.code_of(e)
         if code in E.LOST or code in E.DRIVER_GONE:
             raise
-        if code == E.NOT_FOUND:  # supported, just no samples yet (trap T6)
+        if code == E.NOT_FOUND:  # supported, just no sample newer than the cursor yet
             plan.proc_util = util
 
 

@@ -2,8 +2,8 @@
 
 Utilisation comes from ``nvmlDeviceGetProcessUtilization`` with a stored ``lastSeenTimeStamp``
 cursor per GPU, so each point averages the driver's samples since the previous one instead of the
-driver's long default window (trap T6). ``NotFound`` means "no sample newer than the cursor", i.e.
-the process was idle: it reads 0, not a gap (T7). Garbage rows (pid 0, values above 100) seen around
+driver's long default window. ``NotFound`` means "no sample newer than the cursor", i.e.
+the process was idle: it reads 0, not a gap. Garbage rows (pid 0, values above 100) seen around
 zombie contexts are dropped or clamped. Where per-process utilisation is not supported (MIG) the
 fields are absent.
 """
