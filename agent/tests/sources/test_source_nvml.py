@@ -429,7 +429,8 @@ def test_every_reading_encodes_against_the_schema_and_lands_in_influxdb(source_f
 
 
 def test_a_field_that_answers_success_with_an_implausible_value_is_not_trusted(source_factory):
-    _fake, src = source_factory([a100(0, temp_mem=0)])  # a renumbered field id answers SUCCESS with nonsense: check values, not only nvmlReturn
+    # a renumbered field id answers SUCCESS with nonsense: check values, not only nvmlReturn
+    _fake, src = source_factory([a100(0, temp_mem=0)])
     readings = src.collect(T0)
     assert "temp_mem_c" not in gpu_fields(readings, 0)
     assert "temp_mem_c" in of(readings, "gpu_info")[0].fields["unsupported_metrics"].split(",")
