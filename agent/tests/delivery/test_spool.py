@@ -168,3 +168,64 @@ def test_a_spool_directory_of_another_user_is_refused(tmp_path):
     os.chown(d, 12345, 12345)
     with pytest.raises(PermissionError):
         Spool(d)
+
+
+def tree(path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_inspect_spool_reads_every_sinks_folder_without_changing_anything(tmp_path):
+    influx = Spool(tmp_path / "influx", segment_bytes=1000)
+    for k in range(1, 7):
+        influx.append(batch(k))
+    rec = influx.peek()
+    influx.ack(rec.segment, rec.offset)  # batch 1 delivered: 5 batches wait
+    influx.close()
+    (tmp_path / "influx" / spool_mod.DESTINATION_FILE).write_text(
+        "InfluxDB v2 API at http://db:8086 (org o, bucket b)\n"
+    )
+    record = Spool(tmp_path / "record")
+    record.append(batch(9, 3))
+    record.close()
+    before = tree(tmp_path)
+
+    summary = spool_mod.inspect_spool(tmp_path)
+
+    assert tree(tmp_path) == before
+    by_name = {s.name: s for s in summary.sinks}
+    assert set(by_name) == {"influx", "record"}
+    influx_s, record_s = by_name["influx"], by_name["record"]
+    assert (influx_s.records, influx_s.lines, influx_s.damaged_records) == (5, 50, 0)
+    assert influx_s.oldest_point_ns == 2000  # the first waiting line: batch 2's first
+    assert influx_s.destination == "InfluxDB v2 API at http://db:8086 (org o, bucket b)"
+    assert influx_s.bytes == sum(p.stat().st_size for p in (tmp_path / "influx").glob("*.seg"))
+    assert (record_s.records, record_s.lines, record_s.oldest_point_ns, record_s.destination) == (1, 3, 9000, None)
+    assert (summary.records, summary.lines, summary.oldest_point_ns) == (6, 53, 2000)
+    assert summary.segments == influx_s.segments + record_s.segments >= 3
+
+
+def test_inspect_spool_counts_damage_as_the_spool_will_skip_it(tmp_path):
+    s = Spool(tmp_path / "influx", segment_bytes=1 << 20)
+    for k in range(4):
+        s.append(batch(k))
+    s.close()
+    seg = tmp_path / "influx" / segments(tmp_path / "influx")[0]
+    data = bytearray(seg.read_bytes())
+    data[HEADER.size + 5] ^= 0xFF  # the first record's payload
+    seg.write_bytes(bytes(data))
+    one = HEADER.size + len("".join(batch(0)))  # the damaged record, header and payload
+
+    found = spool_mod.inspect_spool(tmp_path).sinks[0]
+
+    assert (found.records, found.lines) == (3, 30)
+    assert (found.damaged_records, found.damaged_bytes, found.damaged_lines) == (1, one, 10)
+    assert found.oldest_point_ns == 1000
+    again = Spool(tmp_path / "influx")
+    assert drain(again) == [batch(k) for k in range(1, 4)] and again.lines_dropped == found.damaged_lines
+
+
+def test_inspect_spool_of_an_empty_or_new_directory(tmp_path):
+    empty = spool_mod.inspect_spool(tmp_path)
+    assert (empty.segments, empty.records, empty.bytes, empty.oldest_point_ns, empty.sinks) == (0, 0, 0, None, ())
+    with pytest.raises(OSError):
+        spool_mod.inspect_spool(tmp_path / "missing")

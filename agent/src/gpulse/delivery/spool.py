@@ -5,6 +5,7 @@ Layout (directory mode 0700, files 0600)::
     00000000000000000001.seg   append-only segments of records
     00000000000000000002.seg
     ack                        "<segment> <offset>": where the next record to deliver starts
+    destination                the destination the data is meant for (a sink's description, no secrets)
 
 A record is a 32-byte header ``magic "GPS1", crc32, payload length, line count, epoch, end
 ticket`` followed by the payload (the lines, UTF-8). The CRC covers everything after itself, so a
@@ -18,6 +19,9 @@ The spool is bounded in bytes: to make room, the oldest segment is deleted and i
 lines are counted as dropped. A failed write (ENOSPC, EIO) is undone (truncated away), counted by
 the caller, and never raised. Memory use is a few integers per segment: records are read from disk
 one at a time, and a fully delivered segment is deleted.
+
+:func:`inspect_spool` reads a spool (the agent's ``--spool-dir`` with one folder per sink) without
+changing anything, with the same reader, for ``gpulse doctor`` and ``gpulse status``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import re
 import struct
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +47,8 @@ MAGIC = b"GPS1"
 HEADER = struct.Struct("<4sIIIQQ")  # magic, crc32, payload length, lines, epoch, end ticket
 _SEGMENT = re.compile(r"^(\d{20})\.seg$")
 MAX_RECORD_BYTES = 1 << 30
+#: the file in a spool folder naming the destination its data is meant for
+DESTINATION_FILE = "destination"
 
 
 @dataclass(frozen=True)
@@ -78,11 +84,7 @@ class Spool:
         self.records_corrupt = 0
         self.write_errors = 0
         self._make_dir()
-        self._sizes: dict[int, int] = {}
-        for p in sorted(self.dir.iterdir()):
-            m = _SEGMENT.match(p.name)
-            if m:
-                self._sizes[int(m.group(1))] = p.stat().st_size
+        self._sizes = _segments(self.dir)
         self._wfd: int | None = None
         self._wseg: int | None = None  # the segment being appended to (never one from an earlier run)
         self._next_seg = max(self._sizes, default=0) + 1
@@ -105,11 +107,10 @@ class Spool:
             os.chmod(self.dir, 0o700)
 
     def _load_ack(self) -> None:
-        try:
-            seg_s, off_s = (self.dir / "ack").read_text().split()
-            seg, off = int(seg_s), int(off_s)
-        except (OSError, ValueError):
+        ack = _read_ack(self.dir)
+        if ack is None:
             return
+        seg, off = ack
         for old in [s for s in self._sizes if s < seg]:
             self._delete(old)
         if seg in self._sizes and 0 <= off <= self._sizes[seg]:
@@ -354,56 +355,15 @@ class Spool:
             _rlog.log("ack", logging.WARNING, "spool %s: cannot save the read position: %s", self.dir, e)
 
     def _read(self, seg: int, off: int, size: int) -> Record | None:
-        fd = self._reader(seg)
-        if fd is None:
-            return None
-        try:
-            head = os.pread(fd, HEADER.size, off)
-            if len(head) < HEADER.size:
-                return None
-            magic, crc, plen, nlines, epoch, end_ticket = HEADER.unpack(head)
-            if magic != MAGIC or off + HEADER.size + plen > size or plen > MAX_RECORD_BYTES:
-                return None
-            payload = os.pread(fd, plen, off + HEADER.size)
-        except OSError:
-            return None
-        if len(payload) != plen or zlib.crc32(payload, zlib.crc32(head[8:])) != crc:
-            return None
-        lines = payload.decode("utf-8", "replace").splitlines(keepends=True)
-        if len(lines) != nlines:
-            return None
-        return Record(seg, off, off + HEADER.size + plen, lines, epoch, end_ticket)
+        return _read_record(self._reader(seg), seg, off, size)
 
-    def _scan(self, seg: int, start: int):
-        size = self._sizes.get(seg, 0)
-        off = start
-        while off < size:
-            rec = self._read(seg, off, size)
-            yield rec
-            if rec is None:
-                return
-            off = rec.end_offset
+    def _scan(self, seg: int, start: int) -> Iterator[Record | None]:
+        yield from _scan(self._reader(seg), seg, start, self._sizes.get(seg, 0))
 
     def _skip_damage(self, seg: int, size: int) -> None:
-        """Skip a bad record: exactly, when its header still says where the next good record starts;
-        else resynchronise on the next valid record of the segment (or its end), estimating the loss."""
+        """Skip a bad record at the read position (see :func:`_damage`), count what it cost, log it."""
         start = self._roff
-        fd = self._reader(seg)
-        lost, resume = 0, size
-        header = b""
-        if fd is not None:
-            try:
-                header = os.pread(fd, HEADER.size, start)
-            except OSError:
-                header = b""
-        if len(header) == HEADER.size and header[:4] == MAGIC:
-            _, _, plen, nlines, _, _ = HEADER.unpack(header)
-            end = start + HEADER.size + plen
-            if end >= size or self._read(seg, end, size) is not None:
-                lost, resume = nlines, min(end, size)  # a torn tail, or a damaged payload between good records
-        if resume == size and lost == 0:
-            resume = self._resync(seg, start + 1, size)
-            lost = self._count_newlines(fd, start, resume)
+        resume, lost = _damage(self._reader(seg), seg, start, size)
         self.records_corrupt += 1
         self.lines_dropped += lost
         _rlog.log(
@@ -421,39 +381,6 @@ class Spool:
             self._delete(seg)
         else:
             self._save_ack(seg, resume)
-
-    def _resync(self, seg: int, start: int, size: int) -> int:
-        """Offset of the next valid record in ``seg`` at or after ``start``, else ``size``."""
-        fd = self._reader(seg)
-        off = start
-        while fd is not None and off < size:
-            try:
-                chunk = os.pread(fd, min(1 << 20, size - off), off)
-            except OSError:
-                break
-            i = chunk.find(MAGIC)
-            while i >= 0:
-                if self._read(seg, off + i, size) is not None:
-                    return off + i
-                i = chunk.find(MAGIC, i + 1)
-            if len(chunk) < 1 << 20:
-                break
-            off += len(chunk) - len(MAGIC) + 1
-        return size
-
-    @staticmethod
-    def _count_newlines(fd: int | None, start: int, end: int) -> int:
-        n, off = 0, start
-        while fd is not None and off < end:
-            try:
-                chunk = os.pread(fd, min(1 << 20, end - off), off)
-            except OSError:
-                break
-            if not chunk:
-                break
-            n += chunk.count(b"\n")
-            off += len(chunk)
-        return n
 
     def _reader(self, seg: int) -> int | None:
         if self._rfd_seg != seg:
@@ -475,7 +402,7 @@ class Spool:
 
     # -- housekeeping -----------------------------------------------------------------------------
     def _path(self, seg: int) -> Path:
-        return self.dir / f"{seg:020d}.seg"
+        return self.dir / _segment_name(seg)
 
     def _delete(self, seg: int) -> None:
         was_head = bool(self._sizes) and seg == next(iter(self._sizes))
@@ -507,3 +434,235 @@ class Spool:
             self._closed = True
             self._close_writer()
             self._close_reader()
+
+
+# -- reading, shared by the spool and by inspect_spool -------------------------------------------------
+def _read_record(fd: int | None, seg: int, off: int, size: int) -> Record | None:
+    """The intact record at ``off`` of segment ``seg`` (``size`` bytes long), or None (torn, corrupt, missing)."""
+    if fd is None:
+        return None
+    try:
+        head = os.pread(fd, HEADER.size, off)
+        if len(head) < HEADER.size:
+            return None
+        magic, crc, plen, nlines, epoch, end_ticket = HEADER.unpack(head)
+        if magic != MAGIC or off + HEADER.size + plen > size or plen > MAX_RECORD_BYTES:
+            return None
+        payload = os.pread(fd, plen, off + HEADER.size)
+    except OSError:
+        return None
+    if len(payload) != plen or zlib.crc32(payload, zlib.crc32(head[8:])) != crc:
+        return None
+    lines = payload.decode("utf-8", "replace").splitlines(keepends=True)
+    if len(lines) != nlines:
+        return None
+    return Record(seg, off, off + HEADER.size + plen, lines, epoch, end_ticket)
+
+
+def _scan(fd: int | None, seg: int, start: int, size: int) -> Iterator[Record | None]:
+    """The records of a segment from ``start``; ``None`` (then the end) at the first damaged one."""
+    off = start
+    while off < size:
+        rec = _read_record(fd, seg, off, size)
+        yield rec
+        if rec is None:
+            return
+        off = rec.end_offset
+
+
+def _damage(fd: int | None, seg: int, start: int, size: int) -> tuple[int, int]:
+    """Where reading resumes after the bad record at ``start``, and how many lines the skip costs.
+
+    Exact when the header still says where the next good record starts (a damaged payload between
+    good records); else the reader resynchronises on the next valid record of the segment (or its
+    end), estimating the loss by the newlines skipped."""
+    header = b""
+    if fd is not None:
+        try:
+            header = os.pread(fd, HEADER.size, start)
+        except OSError:
+            header = b""
+    if len(header) == HEADER.size and header[:4] == MAGIC:
+        _, _, plen, nlines, _, _ = HEADER.unpack(header)
+        end = start + HEADER.size + plen
+        if end >= size or _read_record(fd, seg, end, size) is not None:
+            return min(end, size), nlines  # a torn tail, or a damaged payload between good records
+    resume = _resync(fd, seg, start + 1, size)
+    return resume, _count_newlines(fd, start, resume)
+
+
+def _resync(fd: int | None, seg: int, start: int, size: int) -> int:
+    """Offset of the next valid record in ``seg`` at or after ``start``, else ``size``."""
+    off = start
+    while fd is not None and off < size:
+        try:
+            chunk = os.pread(fd, min(1 << 20, size - off), off)
+        except OSError:
+            break
+        i = chunk.find(MAGIC)
+        while i >= 0:
+            if _read_record(fd, seg, off + i, size) is not None:
+                return off + i
+            i = chunk.find(MAGIC, i + 1)
+        if len(chunk) < 1 << 20:
+            break
+        off += len(chunk) - len(MAGIC) + 1
+    return size
+
+
+def _count_newlines(fd: int | None, start: int, end: int) -> int:
+    n, off = 0, start
+    while fd is not None and off < end:
+        try:
+            chunk = os.pread(fd, min(1 << 20, end - off), off)
+        except OSError:
+            break
+        if not chunk:
+            break
+        n += chunk.count(b"\n")
+        off += len(chunk)
+    return n
+
+
+def _segments(directory: Path) -> dict[int, int]:
+    """Segment number -> size in bytes, oldest first."""
+    sizes: dict[int, int] = {}
+    for p in sorted(directory.iterdir()):
+        m = _SEGMENT.match(p.name)
+        if m:
+            sizes[int(m.group(1))] = p.stat().st_size
+    return sizes
+
+
+def _read_ack(directory: Path) -> tuple[int, int] | None:
+    """The saved read position ``(segment, offset)``, if there is a readable one."""
+    try:
+        seg_s, off_s = (directory / "ack").read_text().split()
+        return int(seg_s), int(off_s)
+    except (OSError, ValueError):
+        return None
+
+
+# -- inspection (gpulse doctor, gpulse status): read-only -----------------------------------------------
+@dataclass(frozen=True)
+class SpoolSummary:
+    """What a spool holds, read without changing anything.
+
+    For :func:`inspect_spool` on the agent's ``--spool-dir``: the figures are totals over the folder
+    itself and every sink's subfolder (the agent spools into ``<spool_dir>/<sink name>/``), and
+    ``sinks`` has one summary per subfolder."""
+
+    path: Path
+    #: the sink's subfolder name ("" for the directory given)
+    name: str
+    #: the destination the spooled data was meant for (a sink's description, no secrets), if recorded
+    destination: str | None
+    segments: int
+    #: intact records waiting to be delivered (from the read position on), and their lines
+    records: int
+    lines: int
+    #: bytes on disk
+    bytes: int
+    #: the timestamp (ns) of the first waiting line: how long data has waited
+    oldest_point_ns: int | None
+    #: damaged (torn or corrupt) records in the waiting part, the bytes the reader will skip and the
+    #: lines lost with them (estimated by their newlines where a header is unreadable)
+    damaged_records: int
+    damaged_bytes: int
+    damaged_lines: int
+    sinks: tuple[SpoolSummary, ...] = ()
+
+
+def inspect_spool(directory: str | os.PathLike[str]) -> SpoolSummary:
+    """Read a spool directory and each sink's subfolder without changing anything (the agent's
+    :class:`Spool` deletes and re-points as it opens, which a diagnosis must not do).
+
+    Raises ``OSError`` when the directory cannot be read."""
+    root = Path(directory)
+    own = _inspect_folder(root, "")
+    sinks = tuple(_inspect_folder(p, p.name) for p in sorted(root.iterdir()) if p.is_dir())
+    every = (own, *sinks)
+    oldest = [s.oldest_point_ns for s in every if s.oldest_point_ns is not None]
+    return SpoolSummary(
+        path=root,
+        name="",
+        destination=own.destination,
+        segments=sum(s.segments for s in every),
+        records=sum(s.records for s in every),
+        lines=sum(s.lines for s in every),
+        bytes=sum(s.bytes for s in every),
+        oldest_point_ns=min(oldest, default=None),
+        damaged_records=sum(s.damaged_records for s in every),
+        damaged_bytes=sum(s.damaged_bytes for s in every),
+        damaged_lines=sum(s.damaged_lines for s in every),
+        sinks=sinks,
+    )
+
+
+def _inspect_folder(directory: Path, name: str) -> SpoolSummary:
+    sizes = _segments(directory)
+    ack = _read_ack(directory) or (0, 0)
+    records = lines = damaged = damaged_bytes = damaged_lines = 0
+    oldest: int | None = None
+    for seg, size in sizes.items():
+        if seg < ack[0]:
+            continue  # delivered; the agent deletes it when it next opens the spool
+        off = ack[1] if seg == ack[0] and 0 <= ack[1] <= size else 0
+        fd = _open_read(directory / _segment_name(seg))
+        try:
+            while off < size:
+                rec = _read_record(fd, seg, off, size)
+                if rec is None:
+                    resume, lost = _damage(fd, seg, off, size)
+                    damaged, damaged_bytes, damaged_lines = (
+                        damaged + 1,
+                        damaged_bytes + resume - off,
+                        damaged_lines + lost,
+                    )
+                    off = resume
+                    continue
+                records, lines, off = records + 1, lines + len(rec.lines), rec.end_offset
+                if oldest is None and rec.lines:
+                    oldest = _timestamp(rec.lines[0])
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return SpoolSummary(
+        path=directory,
+        name=name,
+        destination=recorded_destination(directory),
+        segments=len(sizes),
+        records=records,
+        lines=lines,
+        bytes=sum(sizes.values()),
+        oldest_point_ns=oldest,
+        damaged_records=damaged,
+        damaged_bytes=damaged_bytes,
+        damaged_lines=damaged_lines,
+    )
+
+
+def recorded_destination(directory: str | os.PathLike[str]) -> str | None:
+    """The destination a spool's data is meant for, as recorded by the agent (None: not recorded)."""
+    try:
+        text = (Path(directory) / DESTINATION_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text or None
+
+
+def _timestamp(line: str) -> int | None:
+    """The timestamp at the end of a line of line protocol (None if it has none)."""
+    tail = line.rstrip("\n").rpartition(" ")[2]
+    return int(tail) if tail.lstrip("-").isdigit() else None
+
+
+def _open_read(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _segment_name(seg: int) -> str:
+    return f"{seg:020d}.seg"
