@@ -178,19 +178,19 @@ def test_a_tiny_spool_stays_alive_drops_the_oldest_and_counts_them(fake, tmp_pat
 def test_a_full_disk_counts_drops_and_delivery_carries_on(fake, tmp_path, monkeypatch):
     port = free_port()
     d = Delivery([v2(f"http://127.0.0.1:{port}")], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
-    real = spool_mod.write_all
+    real = spool_mod.append_fsync
 
     def enospc(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(spool_mod, "write_all", enospc)
+    monkeypatch.setattr(spool_mod, "append_fsync", enospc)
     d.start()
     d.submit([lp(i) for i in range(100)])  # A: in flight, failing, cannot be spooled: kept in memory
     wait_for(lambda: d.workers[0].retries >= 3)
     d.submit([lp(i) for i in range(100, 200)])  # B: cannot be spooled: dropped and counted
     wait_for(lambda: d.stats()["lines_dropped"] == 100)
     assert d.durable_upto == 0
-    monkeypatch.setattr(spool_mod, "write_all", real)
+    monkeypatch.setattr(spool_mod, "append_fsync", real)
     d.submit([lp(i) for i in range(200, 300)])  # C: the disk has room again
     wait_for(lambda: d.durable_upto == 300 and d.stats()["lines_spooled"] == 200)
     back = FakeInfluxV2(token=TOKEN, port=port).start()

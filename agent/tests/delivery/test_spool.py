@@ -10,6 +10,7 @@ import pytest
 
 from gpulse.delivery import spool as spool_mod
 from gpulse.delivery.spool import HEADER, Spool
+from gpulse.util import files
 
 
 def batch(k: int, n: int = 10) -> list[str]:
@@ -144,17 +145,17 @@ def test_a_batch_larger_than_a_segment_is_stored_as_several_records_with_their_t
 def test_a_full_disk_drops_that_batch_without_corrupting_the_spool(tmp_path, monkeypatch, code):
     s = Spool(tmp_path)
     s.append(batch(0))
-    real = spool_mod.write_all
+    real = files.write_all
 
     def half_then_fail(fd, data):  # writes part of the record, then the disk is full
         real(fd, data[: len(data) // 2])
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(spool_mod, "write_all", half_then_fail)
+    monkeypatch.setattr(files, "write_all", half_then_fail)
     assert s.append(batch(1)).lines == 0
     assert s.append(batch(2)).lines == 0
     assert s.write_errors == 2
-    monkeypatch.setattr(spool_mod, "write_all", real)
+    monkeypatch.setattr(files, "write_all", real)
     assert s.append(batch(3)).lines == 10  # space again: it keeps going
     assert drain(s) == [batch(0), batch(3)]
     assert s.records_corrupt == 0

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpulse.util.files import append_fsync, open_append
 from gpulse.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("gpulse.delivery")
@@ -53,10 +54,9 @@ class DeadLetter:
                         self.path,
                     )
                     return
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                fd = open_append(self.path)
                 try:
-                    os.write(fd, data)
-                    os.fsync(fd)
+                    append_fsync(fd, data)
                 finally:
                     os.close(fd)
             except OSError as e:

@@ -23,7 +23,6 @@ For a one-shot push (``gpulse upload``) use :func:`gpulse.delivery.oneshot.deliv
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -36,18 +35,11 @@ from gpulse.delivery.retry import RetryPolicy
 from gpulse.delivery.spool import Spool
 from gpulse.delivery.worker import SinkWorker
 from gpulse.sinks.base import Sink
+from gpulse.util.files import private_dir
 
 log = logging.getLogger("gpulse.delivery")
 
 __all__ = ["Delivery"]
-
-
-def _private_dir(path: Path) -> None:
-    """Create ``path`` 0700 (spooled lines may be private), tightening an existing one we own."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_uid == os.getuid() and st.st_mode & 0o077:
-        os.chmod(path, 0o700)
 
 
 class Delivery:
@@ -75,7 +67,7 @@ class Delivery:
         self._buffer = LineBuffer(max_lines, max_bytes, memory_max_bytes, epoch=self.epoch)
         self._stop = threading.Event()
         if spool_dir is not None:
-            _private_dir(Path(spool_dir))
+            private_dir(spool_dir, must_own=False)  # spooled lines may be private; a parent like /tmp is fine
             if dead_letter_path is None:
                 dead_letter_path = Path(spool_dir) / "dead-letter.lp"
         self.dead_letter = DeadLetter(dead_letter_path)

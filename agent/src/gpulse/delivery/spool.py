@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulse.util.files import write_all
+from gpulse.util.files import TornAppend, append_fsync, open_append, private_dir
 from gpulse.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("gpulse.spool")
@@ -83,7 +83,7 @@ class Spool:
         self.lines_dropped = 0  # oldest segments dropped for room, or lost to corruption
         self.records_corrupt = 0
         self.write_errors = 0
-        self._make_dir()
+        private_dir(self.dir)
         self._sizes = _segments(self.dir)
         self._wfd: int | None = None
         self._wseg: int | None = None  # the segment being appended to (never one from an earlier run)
@@ -98,14 +98,6 @@ class Spool:
         self._load_ack()
 
     # -- setup ------------------------------------------------------------------------------------
-    def _make_dir(self) -> None:
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = self.dir.stat()
-        if st.st_uid != os.getuid():
-            raise PermissionError(f"spool directory {self.dir} belongs to another user")
-        if st.st_mode & 0o077:
-            os.chmod(self.dir, 0o700)
-
     def _load_ack(self) -> None:
         ack = _read_ack(self.dir)
         if ack is None:
@@ -196,10 +188,9 @@ class Spool:
                 assert self._wfd is not None and self._wseg is not None
                 offset = self._sizes[self._wseg]
                 try:
-                    write_all(self._wfd, record)
-                    os.fsync(self._wfd)
-                except OSError:
-                    self._undo(offset)
+                    append_fsync(self._wfd, record)
+                except TornAppend:
+                    self._close_writer()  # the torn tail stays; the reader skips it (damage to the segment's end)
                     raise
             except OSError as e:
                 self.write_errors += 1
@@ -225,7 +216,7 @@ class Spool:
     def _open_writer(self) -> None:
         seg = self._next_seg
         path = self._path(seg)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = open_append(path)
         self._next_seg += 1
         self._wfd, self._wseg = fd, seg
         self._sizes[seg] = 0
@@ -237,16 +228,6 @@ class Spool:
                 os.close(dfd)
         except OSError:
             pass
-
-    def _undo(self, offset: int) -> None:
-        """After a failed write: cut the partial record away, or abandon the segment if even that fails."""
-        assert self._wfd is not None
-        try:
-            os.ftruncate(self._wfd, offset)
-        except OSError:
-            self._close_writer()
-            # the torn tail stays; the reader skips it (damage from there to the end of the segment)
-            return
 
     def _close_writer(self) -> None:
         seg, fd = self._wseg, self._wfd
