@@ -36,10 +36,10 @@ from gpulse.agent.status_line import StatusLine
 from gpulse.lineprotocol.encode import Encoder, Series
 from gpulse.schema import GPU_TAGS, MEASUREMENTS, NVML_ERROR_KINDS
 from gpulse.sources.base import GpuIdentity, GpuSource, SourceUnavailable
-from gpulse.util.ratelog import RateLimitedLog
+from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.agent")
-_rlog = RateLimitedLog(log)
+_rlog = CountedLog(log)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpulse.util.countlog import CountedLog
 from gpulse.util.files import append_fsync, open_append
-from gpulse.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("gpulse.delivery")
 
@@ -25,7 +25,7 @@ class DeadLetter:
         self.path = Path(path) if path is not None else None
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._log = RateLimitedLog(log)
+        self._log = CountedLog(log)
 
     def write(self, lines: Sequence[str], reason: str) -> None:
         """Keep ``lines`` with ``reason``; logs (at most once a minute) and never raises."""

@@ -37,11 +37,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulse.util.countlog import CountedLog
 from gpulse.util.files import TornAppend, append_fsync, open_append, private_dir
-from gpulse.util.ratelog import RateLimitedLog
 
 log = logging.getLogger("gpulse.spool")
-_rlog = RateLimitedLog(log)
+_rlog = CountedLog(log)
 
 MAGIC = b"GPS1"
 HEADER = struct.Struct("<4sIIIQQ")  # magic, crc32, payload length, lines, epoch, end ticket

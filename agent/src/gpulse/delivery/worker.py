@@ -22,7 +22,7 @@ from gpulse.delivery.sender import BatchSender, DeliveryStopped, SendResult
 from gpulse.delivery.spool import Spool
 from gpulse.sinks.base import Sink
 from gpulse.sinks.errors import ErrorKind, WriteError
-from gpulse.util.ratelog import RateLimitedLog
+from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.delivery")
 
@@ -66,7 +66,7 @@ class SinkWorker:
         self.dropped = 0
         self.retries = 0
         self.sender = BatchSender(sink, policy, dead_letter, stop=stop, on_retry=self._on_retry)
-        self._log = RateLimitedLog(log)
+        self._log = CountedLog(log)
         self.thread = threading.Thread(target=self._run, name=f"gpulse-sink-{sink.name}", daemon=True)
 
     # -- called by the delivery thread ----------------------------------------------------------
