@@ -10,9 +10,11 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from gpulse.delivery import spool as spool_mod
 from gpulse.delivery.oneshot import deliver_batches
 from gpulse.delivery.pipeline import Delivery
 from gpulse.delivery.retry import RetryPolicy
+from gpulse.delivery.worker import Mode
 from gpulse.influx.connection import ConfigError, Connection
 from gpulse.sinks.factory import build_sinks
 from gpulse.sinks.influx_v1 import InfluxV1Sink
@@ -175,7 +178,9 @@ def test_a_tiny_spool_stays_alive_drops_the_oldest_and_counts_them(fake, tmp_pat
         back.stop()
 
 
-def test_a_full_disk_counts_drops_and_delivery_carries_on(fake, tmp_path, monkeypatch):
+def test_a_full_disk_keeps_batches_in_memory_unacknowledged_until_the_spool_or_the_database_takes_them(
+    fake, tmp_path, monkeypatch
+):
     port = free_port()
     d = Delivery([v2(f"http://127.0.0.1:{port}")], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
     real = spool_mod.append_fsync
@@ -187,20 +192,59 @@ def test_a_full_disk_counts_drops_and_delivery_carries_on(fake, tmp_path, monkey
     d.start()
     d.submit([lp(i) for i in range(100)])  # A: in flight, failing, cannot be spooled: kept in memory
     wait_for(lambda: d.workers[0].retries >= 3)
-    d.submit([lp(i) for i in range(100, 200)])  # B: cannot be spooled: dropped and counted
-    wait_for(lambda: d.stats()["lines_dropped"] == 100)
-    assert d.durable_upto == 0
+    d.submit([lp(i) for i in range(100, 200)])  # B: cannot be spooled: kept in memory, behind A
+    wait_for(lambda: d.stats()["buffer_lines"] == 200)
+    time.sleep(0.2)  # several flush intervals: still nothing durable, nothing dropped
+    s = d.stats()
+    assert (d.durable_upto, s["lines_dropped"], s["lines_spooled"], s["buffer_lines"]) == (0, 0, 0, 200)
     monkeypatch.setattr(spool_mod, "append_fsync", real)
-    d.submit([lp(i) for i in range(200, 300)])  # C: the disk has room again
-    wait_for(lambda: d.durable_upto == 300 and d.stats()["lines_spooled"] == 200)
+    d.submit([lp(i) for i in range(200, 300)])  # C: the disk has room again: A (a copy), B, then C are spooled
+    wait_for(lambda: d.durable_upto == 300)
+    assert (d.stats()["lines_spooled"], d.stats()["lines_dropped"]) == (300, 0)
     back = FakeInfluxV2(token=TOKEN, port=port).start()
     try:
         assert d.flush(10)
         d.close(2)
-        assert back.lines == [lp(i) for i in [*range(100), *range(200, 300)]]
+        assert back.lines == [lp(i) for i in range(300)]  # in order, once
         s = d.stats()
-        assert (s["lines_written"], s["lines_dropped"]) == (200, 100)
+        assert (s["lines_written"], s["lines_dropped"]) == (300, 0)
     finally:
+        back.stop()
+
+
+def test_lines_dropped_for_good_are_never_acknowledged(fake, tmp_path, monkeypatch):
+    port = free_port()
+    d = Delivery(
+        [v2(f"http://127.0.0.1:{port}")],
+        spool_dir=tmp_path / "spool",
+        flush_interval=0.05,
+        max_lines=100,
+        memory_max_bytes=20_000,
+        policy=FAST,
+    )
+
+    def enospc(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool_mod, "append_fsync", enospc)
+    d.start()
+    for k in range(20):  # ~68 KB into a 20 KB memory cap, with a full disk and the database down
+        d.submit([lp(100 * k + i) for i in range(100)])
+        time.sleep(0.02)
+    wait_for(lambda: d.stats()["lines_dropped"] > 0)
+    first_lost = 100  # batch 0 is in flight; the oldest batches queued behind it are dropped first
+    back = FakeInfluxV2(token=TOKEN, port=port).start()
+    try:
+        assert d.flush(10)
+        s = d.stats()
+        assert s["lines_written"] + s["lines_dropped"] == 2000
+        got = {int(line.split("v=")[1].split("i")[0]) for line in back.lines}
+        assert got >= set(range(100)) and min(set(range(2000)) - got) == first_lost
+        assert d.durable_upto == first_lost  # everything after the loss was delivered, yet never acked
+        d.submit([lp(2000)])
+        assert d.flush(10) and d.durable_upto == first_lost
+    finally:
+        d.close(2)
         back.stop()
 
 
@@ -284,3 +328,85 @@ def test_sigkill_while_the_database_is_down_loses_at_most_one_flush_interval(fak
     # everything submitted more than one flush interval (+ scheduling slack) before the kill survived
     must = max((t for t, at in progress if at < killed_at - 0.2 - 0.3), default=0)
     assert must > 0 and recovered >= must
+
+
+class TricklingServer:
+    """Answers every request with a status line, then one header byte every 0.2 s, forever: a socket
+    timeout never fires, so only a deadline can end the request (issue 15's "write that never ends")."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.requests = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            self.requests += 1
+            conn.sendall(b"HTTP/1.1 204 No Content\r\nX-Slow: ")
+            while not self._stop.wait(0.2):
+                try:
+                    conn.sendall(b"z")
+                except OSError:
+                    return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+def test_close_returns_within_its_timeout_while_a_request_hangs_and_the_batch_stays_in_the_spool(tmp_path):
+    server = TricklingServer()
+    sink = InfluxV1Sink(server.url, "gpulse", timeout_s=5)
+    d = Delivery([sink], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
+    try:
+        d.start()
+        d.submit([lp(i) for i in range(50)])
+        wait_for(lambda: server.requests >= 1)
+        wait_for(lambda: d.durable_upto == 50)  # it waited a flush interval in flight: copied to the spool
+        t0 = time.monotonic()
+        d.close(1.0)
+        took = time.monotonic() - t0
+    finally:
+        server.stop()
+    assert took < 1.0 + 0.3, took  # the request and the sink's close were still blocked
+    assert d.workers[0].thread.is_alive()  # ... and were not waited for
+    assert spool_mod.inspect_spool(tmp_path / "spool").lines == 50
+    assert d.stats()["lines_dropped"] == 0
+
+
+def test_a_sink_worker_goes_from_memory_to_spooling_and_back_and_replays_a_backlog_first(fake, tmp_path):
+    port = free_port()
+    d = Delivery([v2(f"http://127.0.0.1:{port}")], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
+    w = d.workers[0]
+    assert w.mode is Mode.MEMORY
+    d.start()
+    d.submit([lp(i) for i in range(10)])
+    wait_for(lambda: w.mode is Mode.SPOOLING and d.durable_upto == 10)  # the database is down
+    back = FakeInfluxV2(token=TOKEN, port=port).start()
+    try:
+        assert d.flush(10)
+        wait_for(lambda: w.mode is Mode.MEMORY)  # the spool is drained
+    finally:
+        back.stop()
+    d.submit([lp(i) for i in range(10, 20)])
+    d.close(0.5)  # down again: spooled at the deadline
+    assert w.mode is Mode.CLOSING
+
+    again = Delivery([v2(fake.url)], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
+    assert again.workers[0].mode is Mode.REPLAYING_BACKLOG and again.workers[0].done_upto() == -1
+    again.start()
+    again.submit([lp(20)])
+    assert again.flush(10) and again.workers[0].mode is not Mode.REPLAYING_BACKLOG
+    again.close(2)
+    assert fake.lines == [lp(i) for i in range(10, 21)]

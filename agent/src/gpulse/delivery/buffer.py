@@ -64,6 +64,8 @@ class LineBuffer:
         self.ticket = 0  # lines submitted so far
         self.cut_upto = 0  # tickets cut into batches (or dropped)
         self.dropped = 0
+        #: the first ticket dropped for the memory cap, minus one: nothing from there on is ever durable
+        self.lost_from: int | None = None
 
     def add(self, lines: Sequence[str]) -> tuple[int, bool]:
         """Append ``lines``; returns (ticket, a full batch is ready)."""
@@ -73,6 +75,8 @@ class LineBuffer:
             self.ticket += len(lines)
             while self._bytes > self.hard_max_bytes and len(self._lines) > 1:
                 self._bytes -= len(self._lines.popleft())
+                if self.lost_from is None:
+                    self.lost_from = self.cut_upto
                 self.dropped += 1
                 self.cut_upto += 1
             full = len(self._lines) >= self.max_lines or self._bytes >= self.max_bytes

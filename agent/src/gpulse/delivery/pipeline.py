@@ -10,8 +10,14 @@ Per sink, a :class:`~gpulse.delivery.worker.SinkWorker` sends one request at a t
 and spools what waits too long (see its module).
 
 Tickets: :meth:`Delivery.submit` returns the cumulative number of lines submitted;
-:attr:`Delivery.durable_upto` is the highest ticket every sink has either finished (written,
-dead-lettered, or dropped and counted) or fsynced to its spool, so the training channel can ack.
+:attr:`Delivery.durable_upto` is the highest ticket up to which every line was taken by every sink
+(written, or dead-lettered as refused for good) or fsynced to its spool, so the training channel can
+ack. A line dropped (a memory cap, a full disk at the shutdown deadline) is never covered: from the
+first one on, ``durable_upto`` stays where it is for the rest of the process, and the training
+clients keep what they sent in their own files.
+
+:meth:`Delivery.close` returns within its timeout whatever the sinks do: a sink thread stuck in a
+request is not waited for (its batch is on disk by then, or counted as dropped).
 
 Counters (:meth:`Delivery.stats`) add up over sinks, except ``lines_written``,
 ``lines_replayed``, ``write_latency_ms`` and the last-write times, which describe the database
@@ -40,6 +46,13 @@ from gpulse.util.files import private_dir
 log = logging.getLogger("gpulse.delivery")
 
 __all__ = ["Delivery"]
+
+
+def _close_quietly(sink: Sink) -> None:
+    try:
+        sink.close()
+    except Exception:  # closing must not raise at shutdown
+        log.debug("closing %s failed", sink.describe(), exc_info=True)
 
 
 class Delivery:
@@ -121,8 +134,13 @@ class Delivery:
 
     @property
     def durable_upto(self) -> int:
-        """The highest ticket already accepted by every sink, or fsynced to its spool (or settled for good)."""
-        return min(min(w.durable_upto() for w in self.workers), self._buffer.cut_upto)
+        """The highest ticket up to which every line was accepted by every sink or fsynced to its spool.
+
+        A line dropped for good (memory caps; the spool's size cap drops only what was fsynced, i.e.
+        acknowledged already) holds it back for the rest of this process: an ack is never a lie."""
+        upto = min(min(w.durable_upto() for w in self.workers), self._buffer.cut_upto)
+        lost = self._buffer.lost_from
+        return upto if lost is None else min(upto, lost)
 
     def flush(self, timeout: float) -> bool:
         """Deliver everything submitted so far; True if it was within ``timeout`` seconds."""
@@ -139,46 +157,50 @@ class Delivery:
             time.sleep(0.005)
 
     def close(self, timeout: float) -> None:
-        """Stop: deliver what can be delivered within ``timeout``, spool (fsync) the rest, return."""
-        deadline = time.monotonic() + max(timeout, 0.0)
+        """Stop within ``timeout`` seconds whatever the sinks do: deliver what can be delivered, spool
+        (fsync) the rest, and return without waiting for a sink stuck in a request."""
+        start = time.monotonic()
+        deadline = start + max(timeout, 0.0)
+        # the last part of the time is for spooling what is left and closing the sinks
+        settle_until = deadline - min(1.0, 0.25 * max(timeout, 0.0))
         with self._wake:
             self._closing = True
             self._wake.notify()
         if self._thread.is_alive():  # its last cut hands everything submitted to the workers (quick)
-            self._thread.join(max(deadline - time.monotonic(), 2.0))
+            self._thread.join(max(settle_until - time.monotonic(), 0.1))
         else:  # never started: cut and hand over what was submitted
             self._cut_and_offer(force=True)
         target = self._buffer.ticket
-        while time.monotonic() < deadline:
+        while time.monotonic() < settle_until:
             if all(w.settled() or w.done_upto() >= target for w in self.workers):
                 break
             time.sleep(0.005)
         self._stop.set()
         for w in self.workers:
             w.shutdown()
-        end = time.monotonic() + 2.0
         for w in self.workers:
             if w.thread.is_alive():
-                w.thread.join(max(end - time.monotonic(), 0.0))
+                w.thread.join(max(deadline - time.monotonic(), 0.0))
         for s in self.spools:
             s.close()
-        for sink in self.sinks:
-            try:
-                sink.close()
-            except Exception:  # closing must not raise at shutdown
-                log.debug("closing %s failed", sink.describe(), exc_info=True)
+        closers = [
+            threading.Thread(target=_close_quietly, args=(sink,), name=f"gpulse-close-{sink.name}", daemon=True)
+            for sink in self.sinks
+        ]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join(max(deadline - time.monotonic(), 0.05))
+        stuck = [w.sink.describe() for w in self.workers if w.thread.is_alive()]
+        if stuck:
+            log.warning("shutdown deadline (%.1f s) reached while a request was still going on: %s", timeout, stuck)
 
     def stats(self) -> dict[str, int | float | None]:
         db = [w for w in self.workers if w.sink.is_database] or self.workers
         last_mono = max((w.sender.last_write_mono for w in db if w.sender.last_write_mono is not None), default=None)
         last_unix = max((w.sender.last_write_unix for w in db if w.sender.last_write_unix is not None), default=None)
         latency = [w.sender.last_latency_ms for w in db if w.sender.last_latency_ms is not None]
-        buffered = self._buffer.lines
-        for w in self.workers:
-            with w.cv:
-                buffered += sum(len(b) for b in w.mem)
-                if w.inflight is not None and w.inflight_pos is None:
-                    buffered += len(w.inflight)
+        buffered = self._buffer.lines + sum(w.memory_lines() for w in self.workers)
         return {
             "lines_written": sum(w.written for w in db),
             "lines_spooled": sum(s.lines_spooled for s in self.spools),

@@ -47,6 +47,7 @@ MAGIC = b"GPS1"
 HEADER = struct.Struct("<4sIIIQQ")  # magic, crc32, payload length, lines, epoch, end ticket
 _SEGMENT = re.compile(r"^(\d{20})\.seg$")
 MAX_RECORD_BYTES = 1 << 30
+_TOO_BIG = (-1, -1)  # what _append_record answers for a record larger than the whole spool
 #: the file in a spool folder naming the destination its data is meant for
 DESTINATION_FILE = "destination"
 
@@ -63,10 +64,13 @@ class Record:
 
 @dataclass
 class Appended:
-    """Where a batch went: its records' (segment, offset), and how many of its lines were stored."""
+    """Where a batch went: its records' (segment, offset), how many of its lines were stored, and how many
+    were refused for good (a line larger than the whole spool). Stored and refused lines are the batch's
+    first ones: after a write error (disk full) the rest is not tried."""
 
     positions: list[tuple[int, int]]
     lines: int
+    too_big: int = 0
 
 
 class Spool:
@@ -126,7 +130,7 @@ class Spool:
     def append(self, lines: Sequence[str], *, epoch: int = 0, end_ticket: int = 0, pin: bool = False) -> Appended:
         """Append one batch durably (fsync per record). A batch larger than a segment is stored as several
         records (so a tiny spool can still hold it in part). Lines that could not be stored (disk error, or
-        a line larger than the whole spool) are missing from the result; the caller counts them as dropped.
+        a line larger than the whole spool) are missing from the result: the caller keeps or counts them.
         ``pin``: the batch is also being delivered right now (see ``_pinned``)."""
         out = Appended([], 0)
         remaining = len(lines)
@@ -134,6 +138,9 @@ class Spool:
             remaining -= len(group)
             with self._lock:
                 pos = self._append_record(group, epoch, end_ticket - remaining)
+                if pos is _TOO_BIG:
+                    out.too_big += len(group)
+                    continue
                 if pos is None:
                     break
                 if pin:
@@ -161,6 +168,7 @@ class Spool:
         return groups
 
     def _append_record(self, lines: Sequence[str], epoch: int, end_ticket: int) -> tuple[int, int] | None:
+        """Where the record went; None if it could not be written now; ``_TOO_BIG`` if it never can."""
         payload = "".join(lines).encode("utf-8", "replace")
         record = self._encode(payload, len(lines), epoch, end_ticket)
         with self._lock:
@@ -174,7 +182,7 @@ class Spool:
                     self.dir,
                     len(record),
                 )
-                return None
+                return _TOO_BIG
             self._make_room(len(record))
             if (
                 self._wseg is not None
@@ -197,7 +205,8 @@ class Spool:
                 _rlog.log(
                     f"write-{e.errno}",
                     logging.ERROR,
-                    "spool %s: cannot write (%s); %d lines dropped, the agent keeps running",
+                    "spool %s: cannot write (%s); %d lines not stored: they wait in memory, not acknowledged, "
+                    "until the disk has room or the database takes them",
                     self.dir,
                     os.strerror(e.errno) if e.errno else e,
                     len(lines),
