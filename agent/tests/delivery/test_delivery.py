@@ -68,6 +68,8 @@ def test_stats_have_exactly_the_documented_keys_and_nothing_before_the_first_wri
         "lines_dropped",
         "lines_rejected",
         "spool_bytes",
+        "spool_damaged_lines",
+        "spool_damaged_bytes",
         "buffer_lines",
         "write_latency_ms",
         "last_write_age_s",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 
@@ -68,7 +69,7 @@ def test_a_torn_tail_is_skipped_and_counted_and_later_segments_survive(tmp_path)
     again = Spool(tmp_path)
     again.append(batch(3))  # goes to a new segment
     assert drain(again) == [batch(0), batch(1), batch(3)]
-    assert again.records_corrupt == 1
+    assert again.damaged_records == 1
     assert again.lines_dropped == 10  # the torn record's header still says how many lines it held
 
 
@@ -83,7 +84,7 @@ def test_a_flipped_byte_loses_exactly_that_record(tmp_path):
     first.write_bytes(bytes(data))
     again = Spool(tmp_path, segment_bytes=1000)
     assert drain(again) == [batch(k) for k in range(1, 6)]
-    assert again.records_corrupt == 1
+    assert again.damaged_records == 1
     assert again.lines_dropped == 10
 
 
@@ -98,7 +99,7 @@ def test_a_damaged_header_resynchronises_on_the_next_good_record(tmp_path):
     seg.write_bytes(bytes(data))
     again = Spool(tmp_path)
     assert drain(again) == [batch(k) for k in range(1, 4)]
-    assert again.records_corrupt == 1 and again.lines_dropped >= 10
+    assert again.damaged_records == 1 and again.lines_dropped >= 10
 
 
 def test_garbage_files_and_a_bad_ack_file_never_crash_it(tmp_path):
@@ -107,7 +108,7 @@ def test_garbage_files_and_a_bad_ack_file_never_crash_it(tmp_path):
     s = Spool(tmp_path)
     s.append(batch(1))
     assert drain(s) == [batch(1)]
-    assert s.records_corrupt == 1
+    assert s.damaged_records == 1
 
 
 def test_when_full_the_oldest_segment_is_dropped_and_counted(tmp_path):
@@ -158,7 +159,7 @@ def test_a_full_disk_drops_that_batch_without_corrupting_the_spool(tmp_path, mon
     monkeypatch.setattr(files, "write_all", real)
     assert s.append(batch(3)).lines == 10  # space again: it keeps going
     assert drain(s) == [batch(0), batch(3)]
-    assert s.records_corrupt == 0
+    assert s.damaged_records == 0
 
 
 def test_a_spool_directory_of_another_user_is_refused(tmp_path):
@@ -230,3 +231,49 @@ def test_inspect_spool_of_an_empty_or_new_directory(tmp_path):
     assert (empty.segments, empty.records, empty.bytes, empty.oldest_point_ns, empty.sinks) == (0, 0, 0, None, ())
     with pytest.raises(OSError):
         spool_mod.inspect_spool(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("length", [0xFFFFFF, 3, 0], ids=["past-the-end", "short", "zero"])
+def test_a_corrupted_length_field_loses_that_record_only_and_counts_exactly_what_was_lost(tmp_path, length, caplog):
+    s = Spool(tmp_path, segment_bytes=1 << 20)
+    for k in range(4):
+        s.append(batch(k))
+    s.close()
+    seg = tmp_path / segments(tmp_path)[0]
+    data = bytearray(seg.read_bytes())
+    first = HEADER.size + len("".join(batch(0)))
+    data[first + 8 : first + 12] = length.to_bytes(4, "little")  # record 1's payload length
+    seg.write_bytes(bytes(data))
+    seen = spool_mod.inspect_spool(tmp_path)
+
+    again = Spool(tmp_path)
+    got = drain(again)
+
+    written = [line for k in range(4) for line in batch(k)]
+    read = [line for b in got for line in b]
+    assert got == [batch(0), batch(2), batch(3)]
+    assert again.damaged_lines == len(written) - len(read) == 10
+    assert (again.damaged_records, again.lines_dropped) == (1, 10)
+    assert again.damaged_bytes == HEADER.size + len("".join(batch(1)))
+    assert (seen.damaged_lines, seen.damaged_bytes) == (again.damaged_lines, again.damaged_bytes)
+
+
+def test_each_damaged_segment_is_logged_once_whatever_the_rate(tmp_path, caplog):
+    s = Spool(tmp_path, segment_bytes=2 * (HEADER.size + len("".join(batch(7)))) + 1)  # two records per segment
+    for k in range(8):
+        s.append(batch(k))
+    s.close()
+    names = segments(tmp_path)
+    assert len(names) == 4
+    for name in names[:3]:  # both records of three segments are damaged
+        seg = tmp_path / name
+        data = bytearray(seg.read_bytes())
+        data[HEADER.size + 3] ^= 0xFF
+        data[-3] ^= 0xFF
+        seg.write_bytes(bytes(data))
+    with caplog.at_level(logging.ERROR, logger="gpulse.spool"):
+        again = Spool(tmp_path)
+        assert drain(again) == [batch(6), batch(7)]
+    damaged = [r for r in caplog.records if "is damaged" in r.getMessage()]
+    assert [r.getMessage().split(" is damaged")[0].rsplit(" ", 1)[1] for r in damaged] == ["1", "2", "3"]
+    assert (again.damaged_records, again.damaged_lines) == (6, 60)

@@ -441,6 +441,8 @@ class Agent:
             "lines_dropped",
             "lines_rejected",
             "spool_bytes",
+            "spool_damaged_lines",
+            "spool_damaged_bytes",
             "buffer_lines",
             "write_latency_ms",
             "last_write_age_s",
@@ -490,6 +492,7 @@ class Agent:
             "last_write_unix": d.get("last_write_unix"),
             **{k: d.get(k) for k in ("lines_written", "lines_spooled", "lines_replayed", "lines_dropped")},
             **{k: d.get(k) for k in ("lines_rejected", "spool_bytes", "buffer_lines", "last_write_age_s")},
+            **{k: d.get(k) for k in ("spool_damaged_lines", "spool_damaged_bytes")},
             "records_received": rs.get("records_received", 0),
             "records_rejected": rs.get("records_rejected", 0),
         }

@@ -19,7 +19,8 @@ clients keep what they sent in their own files.
 :meth:`Delivery.close` returns within its timeout whatever the sinks do: a sink thread stuck in a
 request is not waited for (its batch is on disk by then, or counted as dropped).
 
-Counters (:meth:`Delivery.stats`) add up over sinks, except ``lines_written``,
+Counters (:meth:`Delivery.stats`) add up over sinks (``spool_damaged_lines``/``_bytes``: what
+replaying met as torn or corrupt and skipped, also counted in ``lines_dropped``), except ``lines_written``,
 ``lines_replayed``, ``write_latency_ms`` and the last-write times, which describe the database
 sinks (all sinks when there is none, e.g. ``--record`` only).
 
@@ -210,6 +211,8 @@ class Delivery:
             + sum(s.lines_dropped for s in self.spools),
             "lines_rejected": sum(w.rejected for w in self.workers),
             "spool_bytes": sum(s.bytes for s in self.spools),
+            "spool_damaged_lines": sum(s.damaged_lines for s in self.spools),
+            "spool_damaged_bytes": sum(s.damaged_bytes for s in self.spools),
             "buffer_lines": buffered,
             "write_latency_ms": max(latency) if latency else None,
             "last_write_age_s": (time.monotonic() - last_mono) if last_mono is not None else None,

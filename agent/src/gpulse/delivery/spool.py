@@ -84,8 +84,12 @@ class Spool:
         self._closed = False
         # counters (since this process started)
         self.lines_spooled = 0
-        self.lines_dropped = 0  # oldest segments dropped for room, or lost to corruption
-        self.records_corrupt = 0
+        self.lines_dropped = 0  # oldest segments dropped for room, or lost to damage
+        #: damage met while replaying (torn writes, corruption): regions skipped, their bytes and lines
+        self.damaged_records = 0
+        self.damaged_bytes = 0
+        self.damaged_lines = 0
+        self._damage_log = CountedLog(log, period_s=None)  # each damaged segment is logged once
         self.write_errors = 0
         private_dir(self.dir)
         self._sizes = _segments(self.dir)
@@ -270,15 +274,15 @@ class Spool:
             )
 
     def _count_lines(self, seg: int) -> int:
-        """Undelivered lines in a segment (from the read position if it is the head), except a pinned record."""
+        """Undelivered lines in a segment (from the read position if it is the head), except a pinned record;
+        damaged records count with the lines they are estimated to hold."""
         start = self._roff if seg == next(iter(self._sizes)) else 0
         total = 0
-        for rec in self._scan(seg, start):
-            if rec is None:
-                break
-            if (rec.segment, rec.offset) in self._pinned:
-                continue
-            total += len(rec.lines)
+        for item in _walk(self._reader(seg), seg, start, self._sizes.get(seg, 0)):
+            if isinstance(item, Damage):
+                total += item.lines
+            elif (item.segment, item.offset) not in self._pinned:
+                total += len(item.lines)
         return total
 
     # -- reading ----------------------------------------------------------------------------------
@@ -347,19 +351,19 @@ class Spool:
     def _read(self, seg: int, off: int, size: int) -> Record | None:
         return _read_record(self._reader(seg), seg, off, size)
 
-    def _scan(self, seg: int, start: int) -> Iterator[Record | None]:
-        yield from _scan(self._reader(seg), seg, start, self._sizes.get(seg, 0))
-
     def _skip_damage(self, seg: int, size: int) -> None:
-        """Skip a bad record at the read position (see :func:`_damage`), count what it cost, log it."""
+        """Skip a bad record at the read position (see :func:`_damage`), count what it cost, log the segment once."""
         start = self._roff
         resume, lost = _damage(self._reader(seg), seg, start, size)
-        self.records_corrupt += 1
+        self.damaged_records += 1
+        self.damaged_bytes += resume - start
+        self.damaged_lines += lost
         self.lines_dropped += lost
-        _rlog.log(
-            "corrupt",
+        self._damage_log.log(
+            f"{seg}",
             logging.ERROR,
-            "spool %s: segment %d is damaged at byte %d (torn write or corruption); skipped %d bytes (~%d lines)",
+            "spool %s: segment %d is damaged at byte %d (torn write or corruption): skipped %d bytes, about %d "
+            "lines lost (counted in spool_damaged_lines; further damage in this segment is counted, not logged)",
             self.dir,
             seg,
             start,
@@ -449,36 +453,64 @@ def _read_record(fd: int | None, seg: int, off: int, size: int) -> Record | None
     return Record(seg, off, off + HEADER.size + plen, lines, epoch, end_ticket)
 
 
-def _scan(fd: int | None, seg: int, start: int, size: int) -> Iterator[Record | None]:
-    """The records of a segment from ``start``; ``None`` (then the end) at the first damaged one."""
+@dataclass(frozen=True)
+class Damage:
+    """A damaged region of a segment the reader skips: ``start`` to ``end`` (bytes), about ``lines`` lines."""
+
+    segment: int
+    start: int
+    end: int
+    lines: int
+
+
+def _walk(fd: int | None, seg: int, start: int, size: int) -> Iterator[Record | Damage]:
+    """Every record of a segment from ``start``, and every damaged region between them, in order."""
     off = start
     while off < size:
         rec = _read_record(fd, seg, off, size)
-        yield rec
         if rec is None:
-            return
-        off = rec.end_offset
+            resume, lost = _damage(fd, seg, off, size)
+            yield Damage(seg, off, resume, lost)
+            off = resume
+        else:
+            yield rec
+            off = rec.end_offset
 
 
 def _damage(fd: int | None, seg: int, start: int, size: int) -> tuple[int, int]:
     """Where reading resumes after the bad record at ``start``, and how many lines the skip costs.
 
-    Exact when the header still says where the next good record starts (a damaged payload between
-    good records); else the reader resynchronises on the next valid record of the segment (or its
-    end), estimating the loss by the newlines skipped."""
+    * a damaged payload (the header's length leads to the next record's magic): exactly the lines the
+      header names (that next record is read, or found damaged, on its own);
+    * a torn tail (the header's length runs past the end, nothing valid follows): the lines the
+      header names;
+    * otherwise (a damaged header or length field): the reader resynchronises on the next valid record
+      of the segment (or its end), and the loss is the newlines skipped, past the header if it has one
+      (its binary fields may hold a newline byte)."""
     header = b""
     if fd is not None:
         try:
             header = os.pread(fd, HEADER.size, start)
         except OSError:
             header = b""
-    if len(header) == HEADER.size and header[:4] == MAGIC:
+    has_header = len(header) == HEADER.size and header[:4] == MAGIC
+    end, nlines = size, 0
+    if has_header:
         _, _, plen, nlines, _, _ = HEADER.unpack(header)
         end = start + HEADER.size + plen
-        if end >= size or _read_record(fd, seg, end, size) is not None:
-            return min(end, size), nlines  # a torn tail, or a damaged payload between good records
+        if end < size and _magic_at(fd, end):
+            return end, nlines
     resume = _resync(fd, seg, start + 1, size)
-    return resume, _count_newlines(fd, start, resume)
+    if has_header and resume == size and end >= size:
+        return size, nlines
+    return resume, _count_newlines(fd, start + (HEADER.size if has_header else 0), resume)
+
+
+def _magic_at(fd: int | None, off: int) -> bool:
+    try:
+        return fd is not None and os.pread(fd, len(MAGIC), off) == MAGIC
+    except OSError:
+        return False
 
 
 def _resync(fd: int | None, seg: int, start: int, size: int) -> int:
@@ -591,29 +623,23 @@ def inspect_spool(directory: str | os.PathLike[str]) -> SpoolSummary:
 
 def _inspect_folder(directory: Path, name: str) -> SpoolSummary:
     sizes = _segments(directory)
-    ack = _read_ack(directory) or (0, 0)
-    records = lines = damaged = damaged_bytes = damaged_lines = 0
+    ack_seg, ack_off = _read_ack(directory) or (0, 0)
+    records = lines = 0
     oldest: int | None = None
+    damage: list[Damage] = []
     for seg, size in sizes.items():
-        if seg < ack[0]:
+        if seg < ack_seg:
             continue  # delivered; the agent deletes it when it next opens the spool
-        off = ack[1] if seg == ack[0] and 0 <= ack[1] <= size else 0
         fd = _open_read(directory / _segment_name(seg))
         try:
-            while off < size:
-                rec = _read_record(fd, seg, off, size)
-                if rec is None:
-                    resume, lost = _damage(fd, seg, off, size)
-                    damaged, damaged_bytes, damaged_lines = (
-                        damaged + 1,
-                        damaged_bytes + resume - off,
-                        damaged_lines + lost,
-                    )
-                    off = resume
+            start = ack_off if seg == ack_seg and 0 <= ack_off <= size else 0
+            for item in _walk(fd, seg, start, size):
+                if isinstance(item, Damage):
+                    damage.append(item)
                     continue
-                records, lines, off = records + 1, lines + len(rec.lines), rec.end_offset
-                if oldest is None and rec.lines:
-                    oldest = _timestamp(rec.lines[0])
+                records, lines = records + 1, lines + len(item.lines)
+                if oldest is None and item.lines:
+                    oldest = _timestamp(item.lines[0])
         finally:
             if fd is not None:
                 os.close(fd)
@@ -626,9 +652,9 @@ def _inspect_folder(directory: Path, name: str) -> SpoolSummary:
         lines=lines,
         bytes=sum(sizes.values()),
         oldest_point_ns=oldest,
-        damaged_records=damaged,
-        damaged_bytes=damaged_bytes,
-        damaged_lines=damaged_lines,
+        damaged_records=len(damage),
+        damaged_bytes=sum(d.end - d.start for d in damage),
+        damaged_lines=sum(d.lines for d in damage),
     )
 
 
