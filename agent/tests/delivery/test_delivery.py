@@ -8,6 +8,7 @@ InfluxDB 2's documented write endpoint); the v1 sink is tested against a real In
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 import socket
@@ -123,7 +124,7 @@ def test_durable_upto_waits_for_every_sink(fake, tmp_path):
         back.stop()
 
 
-def test_close_spools_what_the_database_did_not_take_and_a_restart_replays_it_first(fake, tmp_path):
+def test_close_spools_what_the_database_did_not_take_and_a_restart_replays_it_first(tmp_path):
     port = free_port()
     spool = tmp_path / "spool"
     d = Delivery([v2(f"http://127.0.0.1:{port}")], spool_dir=spool, flush_interval=0.05, policy=FAST)
@@ -135,12 +136,16 @@ def test_close_spools_what_the_database_did_not_take_and_a_restart_replays_it_fi
     assert d.stats()["lines_spooled"] == 300 and d.stats()["spool_bytes"] > 0
     assert stat_mode(spool) == 0o700 and stat_mode(spool / "influx") == 0o700
 
-    again = Delivery([v2(fake.url)], spool_dir=spool, flush_interval=0.05, policy=FAST)
-    again.start()
-    again.submit([lp(i) for i in range(300, 400)])  # new data goes behind the backlog
-    assert again.flush(10)
-    again.close(2)
-    assert fake.lines == [lp(i) for i in range(400)]
+    back = FakeInfluxV2(token=TOKEN, port=port).start()  # the same destination, up again
+    try:
+        again = Delivery([v2(back.url)], spool_dir=spool, flush_interval=0.05, policy=FAST)
+        again.start()
+        again.submit([lp(i) for i in range(300, 400)])  # new data goes behind the backlog
+        assert again.flush(10)
+        again.close(2)
+        assert back.lines == [lp(i) for i in range(400)]
+    finally:
+        back.stop()
     s = again.stats()
     assert (s["lines_written"], s["spool_bytes"]) == (400, 0)
     assert 300 <= s["lines_replayed"] <= 400  # the new lines too, if they queued behind the backlog
@@ -181,7 +186,7 @@ def test_a_tiny_spool_stays_alive_drops_the_oldest_and_counts_them(fake, tmp_pat
 
 
 def test_a_full_disk_keeps_batches_in_memory_unacknowledged_until_the_spool_or_the_database_takes_them(
-    fake, tmp_path, monkeypatch
+    tmp_path, monkeypatch
 ):
     port = free_port()
     d = Delivery([v2(f"http://127.0.0.1:{port}")], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
@@ -214,7 +219,7 @@ def test_a_full_disk_keeps_batches_in_memory_unacknowledged_until_the_spool_or_t
         back.stop()
 
 
-def test_lines_dropped_for_good_are_never_acknowledged(fake, tmp_path, monkeypatch):
+def test_lines_dropped_for_good_are_never_acknowledged(tmp_path, monkeypatch):
     port = free_port()
     d = Delivery(
         [v2(f"http://127.0.0.1:{port}")],
@@ -305,7 +310,7 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_sigkill_while_the_database_is_down_loses_at_most_one_flush_interval(fake, tmp_path):
+def test_sigkill_while_the_database_is_down_loses_at_most_one_flush_interval(tmp_path):
     port = free_port()
     spool = tmp_path / "spool"
     child = subprocess.Popen(
@@ -321,12 +326,16 @@ def test_sigkill_while_the_database_is_down_loses_at_most_one_flush_interval(fak
         killed_at = time.monotonic()
         child.send_signal(signal.SIGKILL)
         child.wait()
-    d = Delivery([v2(fake.url)], spool_dir=spool, flush_interval=0.05, policy=FAST)
-    d.start()
-    assert d.flush(10)
-    d.close(2)
-    recovered = len(fake.lines)
-    assert fake.lines == [lp(i) for i in range(recovered)]  # a prefix, in order
+    back = FakeInfluxV2(token="t", port=port).start()  # the child's destination, up again
+    try:
+        d = Delivery([InfluxV2Sink(back.url, "t", "gpulse", "gpulse", timeout_s=1)], spool_dir=spool, policy=FAST)
+        d.start()
+        assert d.flush(10)
+        d.close(2)
+    finally:
+        back.stop()
+    recovered = len(back.lines)
+    assert back.lines == [lp(i) for i in range(recovered)]  # a prefix, in order
     # everything submitted more than one flush interval (+ scheduling slack) before the kill survived
     must = max((t for t, at in progress if at < killed_at - 0.2 - 0.3), default=0)
     assert must > 0 and recovered >= must
@@ -387,7 +396,7 @@ def test_close_returns_within_its_timeout_while_a_request_hangs_and_the_batch_st
     assert d.stats()["lines_dropped"] == 0
 
 
-def test_a_sink_worker_goes_from_memory_to_spooling_and_back_and_replays_a_backlog_first(fake, tmp_path):
+def test_a_sink_worker_goes_from_memory_to_spooling_and_back_and_replays_a_backlog_first(tmp_path):
     port = free_port()
     d = Delivery([v2(f"http://127.0.0.1:{port}")], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
     w = d.workers[0]
@@ -405,10 +414,82 @@ def test_a_sink_worker_goes_from_memory_to_spooling_and_back_and_replays_a_backl
     d.close(0.5)  # down again: spooled at the deadline
     assert w.mode is Mode.CLOSING
 
-    again = Delivery([v2(fake.url)], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
-    assert again.workers[0].mode is Mode.REPLAYING_BACKLOG and again.workers[0].done_upto() == -1
-    again.start()
-    again.submit([lp(20)])
-    assert again.flush(10) and again.workers[0].mode is not Mode.REPLAYING_BACKLOG
-    again.close(2)
-    assert fake.lines == [lp(i) for i in range(10, 21)]
+    back = FakeInfluxV2(token=TOKEN, port=port).start()
+    try:
+        again = Delivery([v2(back.url)], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
+        assert again.workers[0].mode is Mode.REPLAYING_BACKLOG and again.workers[0].done_upto() == -1
+        again.start()
+        again.submit([lp(20)])
+        assert again.flush(10) and again.workers[0].mode is not Mode.REPLAYING_BACKLOG
+        again.close(2)
+        assert back.lines == [lp(i) for i in range(10, 21)]
+    finally:
+        back.stop()
+
+
+def test_a_spool_belongs_to_its_destination_and_is_replayed_elsewhere_only_when_asked(fake, tmp_path, caplog):
+    spool = tmp_path / "spool"
+    down = free_port()
+    first = Delivery([v2(f"http://127.0.0.1:{down}")], spool_dir=spool, flush_interval=0.05, policy=FAST)
+    first.start()
+    first.submit([lp(i) for i in range(202)])
+    first.close(0.5)  # the database is down: spooled for http://127.0.0.1:<down>
+    assert spool_mod.inspect_spool(spool).sinks[0].lines == 202
+
+    other = FakeInfluxV2(token=TOKEN).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpulse.spool"):
+            d = Delivery([v2(other.url)], spool_dir=spool, flush_interval=0.05, policy=FAST)
+        d.start()
+        d.submit([lp(i) for i in range(1000, 1010)])
+        assert d.flush(10)
+        d.close(2)
+        assert other.lines == [lp(i) for i in range(1000, 1010)]  # only its own data
+        [held] = d.held
+        assert (held.name, held.lines, held.destination) == (
+            "influx.held-1",
+            202,
+            v2(f"http://127.0.0.1:{down}").describe(),
+        )
+        [warning] = [r.getMessage() for r in caplog.records if "kept, not replayed" in r.getMessage()]
+        assert "--replay-spool-to-new-destination" in warning and f"127.0.0.1:{down}" in warning
+
+        again = Delivery([v2(other.url)], spool_dir=spool, flush_interval=0.05, policy=FAST)  # still kept
+        assert [h.lines for h in again.held] == [202]
+        again.close(0.1)
+
+        moved = Delivery(
+            [v2(other.url)], spool_dir=spool, flush_interval=0.05, policy=FAST, replay_spool_elsewhere=True
+        )
+        assert moved.held == []
+        moved.start()
+        assert moved.flush(10)
+        moved.close(2)
+        assert other.lines[10:] == [lp(i) for i in range(202)]
+        assert [s.name for s in spool_mod.inspect_spool(spool).sinks] == ["influx"]
+    finally:
+        other.stop()
+
+
+def test_a_spool_kept_aside_goes_back_to_its_own_destination(fake, tmp_path):
+    spool = tmp_path / "spool"
+    port = free_port()
+    home = f"http://127.0.0.1:{port}"
+    first = Delivery([v2(home)], spool_dir=spool, flush_interval=0.05, policy=FAST)
+    first.submit([lp(i) for i in range(30)])
+    first.close(0.2)  # never started: everything goes to the spool
+    elsewhere = Delivery([v2(fake.url)], spool_dir=spool, flush_interval=0.05, policy=FAST)
+    assert [h.lines for h in elsewhere.held] == [30]
+    elsewhere.submit([lp(i) for i in range(100, 105)])
+    elsewhere.close(0.2)  # the fake is up but the delivery was never started: spooled for the fake
+
+    back = FakeInfluxV2(token=TOKEN, port=port).start()
+    try:
+        home_again = Delivery([v2(home)], spool_dir=spool, flush_interval=0.05, policy=FAST)
+        assert [h.destination for h in home_again.held] == [v2(fake.url).describe()]  # the fake's 5 lines now
+        home_again.start()
+        assert home_again.flush(10)
+        home_again.close(2)
+        assert back.lines == [lp(i) for i in range(30)]
+    finally:
+        back.stop()

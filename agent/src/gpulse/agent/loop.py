@@ -230,6 +230,7 @@ class Agent:
             max_lines=cfg.max_lines,
             max_bytes=cfg.max_bytes,
             flush_interval=cfg.flush_interval,
+            replay_spool_elsewhere=cfg.replay_spool_to_new_destination,
         )
         self.delivery.start()
         if not cfg.no_socket:
@@ -493,6 +494,10 @@ class Agent:
             **{k: d.get(k) for k in ("lines_written", "lines_spooled", "lines_replayed", "lines_dropped")},
             **{k: d.get(k) for k in ("lines_rejected", "spool_bytes", "buffer_lines", "last_write_age_s")},
             **{k: d.get(k) for k in ("spool_damaged_lines", "spool_damaged_bytes")},
+            "spool_held": [
+                {"path": str(h.path), "destination": h.destination, "lines": h.lines, "bytes": h.bytes}
+                for h in (self.delivery.held if self.delivery is not None else [])
+            ],
             "records_received": rs.get("records_received", 0),
             "records_rejected": rs.get("records_rejected", 0),
         }

@@ -39,7 +39,7 @@ from pathlib import Path
 from gpulse.delivery.buffer import LineBuffer
 from gpulse.delivery.deadletter import DeadLetter
 from gpulse.delivery.retry import RetryPolicy
-from gpulse.delivery.spool import Spool
+from gpulse.delivery.spool import Spool, SpoolSummary, claim_spool
 from gpulse.delivery.worker import SinkWorker
 from gpulse.sinks.base import Sink
 from gpulse.util.files import private_dir
@@ -69,7 +69,10 @@ class Delivery:
         dead_letter_path: str | Path | None = None,
         policy: RetryPolicy | None = None,
         memory_max_bytes: int = 64 << 20,
+        replay_spool_elsewhere: bool = False,
     ) -> None:
+        """``replay_spool_elsewhere``: replay data spooled for another destination too (see
+        :func:`~gpulse.delivery.spool.claim_spool`); else it is kept aside, and listed in :attr:`held`."""
         if not sinks:
             raise ValueError("Delivery needs at least one sink")
         names = [s.name for s in sinks]
@@ -88,9 +91,12 @@ class Delivery:
         policy = policy or RetryPolicy()
         self.spools: list[Spool] = []
         self.workers: list[SinkWorker] = []
+        #: spools kept aside because their data was meant for another destination (not replayed)
+        self.held: list[SpoolSummary] = []
         for sink in self.sinks:
             spool = None
             if spool_dir is not None:
+                self.held += claim_spool(spool_dir, sink.name, sink.describe(), replay_elsewhere=replay_spool_elsewhere)
                 spool = Spool(Path(spool_dir) / sink.name, max_bytes=max(spool_max_bytes // len(self.sinks), 4096))
                 self.spools.append(spool)
             self.workers.append(

@@ -99,6 +99,11 @@ def render(status: dict[str, Any]) -> str:
         else ""
     )
     lines.append(f"Spool: {human_bytes(status.get('spool_bytes') or 0)} in {status.get('spool_dir')}{damage}")
+    for held in status.get("spool_held") or []:
+        lines.append(
+            f"Spool kept, not replayed: {held.get('lines')} lines in {held.get('path')} meant for "
+            f"{held.get('destination')} (restart the agent with --replay-spool-to-new-destination to send them here)"
+        )
     last = status.get("last_write_unix")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last)) if last else "never"
     lines.append(f"Last successful write: {when} ({human_age(status.get('last_write_age_s'))})")
