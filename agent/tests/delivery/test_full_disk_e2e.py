@@ -1,16 +1,14 @@
 """End to end: a training run while the database is down and the agent's spool disk is full (issue 15, item 1).
 
-The agent is the real ``gpulse agent`` process, its spool on a real 64 KiB tmpfs (a private mount
-namespace made with ``unshare``: as root a mount namespace, otherwise a user namespace as well, so
-the same test runs for both); the database a real InfluxDB 1.x, stopped while training runs. The
-client may be acknowledged only for what the agent delivered or fsynced: every step ends up in the
+The agent is the real ``gpulse agent`` process, its spool on a real 64 KiB tmpfs (``support/tmpfs.py``:
+a private mount namespace, as root or as a user); the database a real InfluxDB 1.x, stopped while
+training runs. The client may be acknowledged only for what the agent delivered or fsynced: every step ends up in the
 database or in the client's recording file, and after ``gpulse upload`` of that file the database
 holds each step exactly once.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -20,6 +18,7 @@ import pytest
 from agentproc import AgentProc, agent_args, points_in
 from support.fixtures import gpulse_cmd
 from support.influxd import InfluxDB1
+from support.tmpfs import on_tmpfs
 from support.waiting import wait_until
 
 from gpulse.cli.commands.status import query_status
@@ -31,17 +30,6 @@ pytestmark = [pytest.mark.influxdb, pytest.mark.slow]
 
 STEPS = 150
 DISK = "64k"
-
-
-def on_tmpfs(mountpoint: Path, size: str) -> list[str]:
-    """A command prefix that runs a program with a fresh tmpfs of ``size`` mounted on ``mountpoint``,
-    seen by that program only (it execs: the program keeps the pid, so signals reach it)."""
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    mount = 'mount -t tmpfs -o size="$1",mode=0700 gpulse-test "$0" && shift && exec "$@"'
-    prefix = ["unshare", *user, "--mount", "--propagation", "private", "sh", "-c", mount, str(mountpoint), size]
-    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
-    assert probe.returncode == 0, f"cannot mount a test tmpfs (needs root or user namespaces): {probe.stderr}"
-    return prefix
 
 
 def steps_in(server: InfluxDB1, run_id: str) -> list[int]:

@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -277,3 +278,31 @@ def test_each_damaged_segment_is_logged_once_whatever_the_rate(tmp_path, caplog)
     damaged = [r for r in caplog.records if "is damaged" in r.getMessage()]
     assert [r.getMessage().split(" is damaged")[0].rsplit(" ", 1)[1] for r in damaged] == ["1", "2", "3"]
     assert (again.damaged_records, again.damaged_lines) == (6, 60)
+
+
+def five_batches_two_delivered(path) -> Path:
+    s = Spool(path, segment_bytes=1 << 20)
+    for k in range(5):
+        s.append(batch(k))
+    for _ in range(2):
+        rec = s.peek()
+        s.ack(rec.segment, rec.offset)
+    s.close()
+    return path / "ack"
+
+
+def test_the_read_position_survives_a_restart_in_its_own_and_in_an_older_gpulse_format(tmp_path):
+    five_batches_two_delivered(tmp_path / "new")
+    assert drain(Spool(tmp_path / "new")) == [batch(k) for k in range(2, 5)]
+    ack = five_batches_two_delivered(tmp_path / "old")
+    seg, off = ack.read_text().split()[:2]
+    ack.write_text(f"{int(seg)} {int(off)}\n")  # as an older gpulse wrote it
+    assert drain(Spool(tmp_path / "old")) == [batch(k) for k in range(2, 5)]
+
+
+def test_a_torn_read_position_replays_from_the_start_duplicates_but_no_loss(tmp_path):
+    ack = five_batches_two_delivered(tmp_path)
+    torn = bytearray(ack.read_bytes())
+    torn[30] = ord("9") if torn[30] != ord("9") else ord("8")  # a crash while it was being overwritten
+    ack.write_bytes(bytes(torn))
+    assert drain(Spool(tmp_path)) == [batch(k) for k in range(5)]
