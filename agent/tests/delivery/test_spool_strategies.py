@@ -1,5 +1,7 @@
 """One suite for every spool strategy (one interface, one test suite run against each, as Telegraf's
-``models/`` buffer tests do): what delivery needs from a spool, whatever stores it.
+``models/`` buffer tests do): what delivery needs from a spool, whatever stores it. It decided between
+the segment spool and a SQLite WAL prototype (see :mod:`gpulse.delivery.spool`); a new strategy joins
+``STRATEGIES`` and must pass it all.
 
 Order and tickets across restarts; the size cap drops the oldest and counts them; SIGKILL between and
 during appends; a torn last write; a flipped byte anywhere in what is on disk; a full disk (a real
@@ -20,9 +22,8 @@ import pytest
 from support.tmpfs import on_tmpfs
 
 from gpulse.delivery.spool import Spool
-from gpulse.delivery.spool_sqlite import SqliteSpool
 
-STRATEGIES = {"segments": Spool, "sqlite": SqliteSpool}
+STRATEGIES = {"segments": Spool}
 KIB = 1024
 
 
@@ -82,8 +83,7 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from gpulse.delivery.spool import Spool
-    from gpulse.delivery.spool_sqlite import SqliteSpool
-    cls = {"segments": Spool, "sqlite": SqliteSpool}[sys.argv[1]]
+    cls = {"segments": Spool}[sys.argv[1]]
     s = cls(sys.argv[2], max_bytes=int(sys.argv[4]))
     for k in range(int(sys.argv[3])):
         lines = [f"m,b={k} v={i}i {1_700_000_000_000_000_000 + k * 1000 + i}\\n" for i in range(10)]
@@ -152,8 +152,7 @@ def test_a_full_disk_stores_nothing_partial_and_the_spool_keeps_working(strategy
         """
         import json, sys
         from gpulse.delivery.spool import Spool
-        from gpulse.delivery.spool_sqlite import SqliteSpool
-        s = {"segments": Spool, "sqlite": SqliteSpool}[sys.argv[1]](sys.argv[2] + "/spool", max_bytes=1 << 30)
+        s = {"segments": Spool}[sys.argv[1]](sys.argv[2] + "/spool", max_bytes=1 << 30)
         lines = lambda k: [f"m,b={k} v={i}i {1_700_000_000_000_000_000 + k * 1000 + i}\\n" for i in range(10)]
         stored = [k for k in range(400) if s.append(lines(k)).lines == 10]
         got = []
