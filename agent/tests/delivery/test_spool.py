@@ -31,6 +31,15 @@ def segments(path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.name.endswith(".seg"))
 
 
+def first_segment_of(path, batches: int, segment_bytes: int = 1 << 20) -> Path:
+    """Write ``batches`` batches to a spool at ``path`` and close it: the path of its first segment."""
+    s = Spool(path, segment_bytes=segment_bytes)
+    for k in range(batches):
+        s.append(batch(k))
+    s.close()
+    return path / segments(path)[0]
+
+
 def test_batches_come_back_in_order_with_their_tickets_and_the_directory_is_private(tmp_path):
     s = Spool(tmp_path / "sp", max_bytes=1 << 20, segment_bytes=2000)
     for k in range(20):
@@ -60,11 +69,7 @@ def test_a_restart_resumes_after_the_last_acked_record(tmp_path):
 
 
 def test_a_torn_tail_is_skipped_and_counted_and_later_segments_survive(tmp_path):
-    s = Spool(tmp_path, segment_bytes=1 << 20)
-    for k in range(3):
-        s.append(batch(k))
-    s.close()
-    seg = tmp_path / segments(tmp_path)[0]
+    seg = first_segment_of(tmp_path, 3)
     size = seg.stat().st_size
     os.truncate(seg, size - 50)  # the last record was cut mid-write
     again = Spool(tmp_path)
@@ -75,11 +80,7 @@ def test_a_torn_tail_is_skipped_and_counted_and_later_segments_survive(tmp_path)
 
 
 def test_a_flipped_byte_loses_exactly_that_record(tmp_path):
-    s = Spool(tmp_path, segment_bytes=1000)
-    for k in range(6):
-        s.append(batch(k))
-    s.close()
-    first = tmp_path / segments(tmp_path)[0]
+    first = first_segment_of(tmp_path, 6, segment_bytes=1000)
     data = bytearray(first.read_bytes())
     data[HEADER.size + 5] ^= 0xFF  # inside the first record's payload
     first.write_bytes(bytes(data))
@@ -90,11 +91,7 @@ def test_a_flipped_byte_loses_exactly_that_record(tmp_path):
 
 
 def test_a_damaged_header_resynchronises_on_the_next_good_record(tmp_path):
-    s = Spool(tmp_path, segment_bytes=1 << 20)
-    for k in range(4):
-        s.append(batch(k))
-    s.close()
-    seg = tmp_path / segments(tmp_path)[0]
+    seg = first_segment_of(tmp_path, 4)
     data = bytearray(seg.read_bytes())
     data[0:4] = b"XXXX"  # the first record's magic is gone
     seg.write_bytes(bytes(data))
@@ -163,14 +160,9 @@ def test_a_full_disk_drops_that_batch_without_corrupting_the_spool(tmp_path, mon
     assert s.damaged_records == 0
 
 
-def test_a_spool_directory_of_another_user_is_refused(tmp_path):
-    if os.getuid() != 0:
-        pytest.skip("needs root to chown")
-    d = tmp_path / "theirs"
-    d.mkdir(mode=0o700)
-    os.chown(d, 12345, 12345)
+def test_a_spool_directory_of_another_user_is_refused(foreign_dir):
     with pytest.raises(PermissionError):
-        Spool(d)
+        Spool(foreign_dir)
 
 
 def tree(path) -> dict[str, bytes]:
@@ -208,11 +200,7 @@ def test_inspect_spool_reads_every_sinks_folder_without_changing_anything(tmp_pa
 
 
 def test_inspect_spool_counts_damage_as_the_spool_will_skip_it(tmp_path):
-    s = Spool(tmp_path / "influx", segment_bytes=1 << 20)
-    for k in range(4):
-        s.append(batch(k))
-    s.close()
-    seg = tmp_path / "influx" / segments(tmp_path / "influx")[0]
+    seg = first_segment_of(tmp_path / "influx", 4)
     data = bytearray(seg.read_bytes())
     data[HEADER.size + 5] ^= 0xFF  # the first record's payload
     seg.write_bytes(bytes(data))
@@ -236,11 +224,7 @@ def test_inspect_spool_of_an_empty_or_new_directory(tmp_path):
 
 @pytest.mark.parametrize("length", [0xFFFFFF, 3, 0], ids=["past-the-end", "short", "zero"])
 def test_a_corrupted_length_field_loses_that_record_only_and_counts_exactly_what_was_lost(tmp_path, length, caplog):
-    s = Spool(tmp_path, segment_bytes=1 << 20)
-    for k in range(4):
-        s.append(batch(k))
-    s.close()
-    seg = tmp_path / segments(tmp_path)[0]
+    seg = first_segment_of(tmp_path, 4)
     data = bytearray(seg.read_bytes())
     first = HEADER.size + len("".join(batch(0)))
     data[first + 8 : first + 12] = length.to_bytes(4, "little")  # record 1's payload length

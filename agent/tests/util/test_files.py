@@ -72,13 +72,8 @@ def test_a_private_directory_is_created_0700_and_an_open_one_of_ours_is_tightene
     assert mode(grouped) == 0o750
 
 
-def test_a_directory_of_another_user_is_refused_unless_it_is_only_a_parent(tmp_path):
-    if os.getuid() != 0:
-        pytest.skip("needs root to chown")
-    theirs = tmp_path / "theirs"
-    theirs.mkdir(mode=0o755)
-    os.chown(theirs, 12345, 12345)
+def test_a_directory_of_another_user_is_refused_unless_it_is_only_a_parent(foreign_dir):
     with pytest.raises(PermissionError, match="uid 12345"):
-        files.private_dir(theirs)
-    files.private_dir(theirs, must_own=False)
-    assert mode(theirs) == 0o755 and os.stat(theirs).st_uid == 12345  # left alone
+        files.private_dir(foreign_dir)
+    files.private_dir(foreign_dir, must_own=False)
+    assert mode(foreign_dir) == 0o755 and os.stat(foreign_dir).st_uid == 12345  # left alone
