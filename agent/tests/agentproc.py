@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,20 @@ class AgentProc:
     """``gpulse agent ARGS`` with stderr captured to a file (tests grep it and parse the summary)."""
 
     def __init__(
-        self, args: list[str], env: dict[str, str], workdir: Path, name: str = "agent", *, verbose: bool = False
+        self,
+        args: list[str],
+        env: dict[str, str],
+        workdir: Path,
+        name: str = "agent",
+        *,
+        verbose: bool = False,
+        prefix: Sequence[str] = (),
     ) -> None:
+        """``prefix``: a command that execs the agent in the same process (e.g. ``unshare ...``)."""
         self.args = args
         self.stderr_path = workdir / f"{name}.stderr"
         self._err = open(self.stderr_path, "wb")
-        cmd = gpulse_cmd(*(["-v"] if verbose else []), "agent", *args)
+        cmd = [*prefix, *gpulse_cmd(*(["-v"] if verbose else []), "agent", *args)]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self._err)
         self.pid = self.proc.pid
 

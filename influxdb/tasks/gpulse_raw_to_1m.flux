@@ -59,7 +59,7 @@ counters = () =>
         |> filter(fn: (r) =>
             (r._measurement == "gpu" and r._field =~ /^(energy_mj|nvlink_tx_kib|nvlink_rx_kib|throttle_power_us|throttle_thermal_us|throttle_sync_boost_us|throttle_board_limit_us|throttle_low_util_us|throttle_reliability_us|pcie_replays|ecc_corrected_volatile|ecc_uncorrected_volatile|ecc_corrected_aggregate|ecc_uncorrected_aggregate|remapped_rows_correctable|remapped_rows_uncorrectable|retired_pages_sbe|retired_pages_dbe)$/)
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(tx_kib|rx_kib)$/)
-            or (r._measurement == "agent" and r._field =~ /^(samples|cycles_skipped|lines_written|lines_spooled|lines_replayed|lines_dropped|lines_rejected|values_dropped_nonfinite|records_received|records_rejected|nvml_errors_gpu_is_lost|nvml_errors_timeout|nvml_errors_unknown|nvml_errors_no_permission|nvml_errors_not_found|nvml_errors_driver_not_loaded|nvml_errors_lib_rm_version_mismatch|nvml_errors_function_not_found|nvml_errors_argument_version_mismatch|nvml_errors_insufficient_size|nvml_errors_other)$/)
+            or (r._measurement == "agent" and r._field =~ /^(samples|cycles_skipped|lines_written|lines_spooled|lines_replayed|lines_dropped|lines_rejected|values_dropped_nonfinite|spool_damaged_lines|spool_damaged_bytes|records_received|records_rejected|nvml_errors_gpu_is_lost|nvml_errors_timeout|nvml_errors_unknown|nvml_errors_no_permission|nvml_errors_not_found|nvml_errors_driver_not_loaded|nvml_errors_lib_rm_version_mismatch|nvml_errors_function_not_found|nvml_errors_argument_version_mismatch|nvml_errors_insufficient_size|nvml_errors_other)$/)
             or (r._measurement == "train_step" and r._field =~ /^(step|alloc_retries)$/))
 
 counters()

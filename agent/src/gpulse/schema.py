@@ -293,6 +293,8 @@ AGENT = Measurement(
         _c("lines_rejected", "count", "lines the database rejected (dead-lettered)"),
         _c("values_dropped_nonfinite", "count", "NaN/Inf field values dropped by the encoder"),
         _f("spool_bytes", "int", "B", "bytes in the disk spool"),
+        _c("spool_damaged_lines", "count", "lines lost to spool damage (torn writes, corruption) found at replay"),
+        _c("spool_damaged_bytes", "count", "bytes of damaged spool records skipped at replay"),
         _f("buffer_lines", "int", "count", "lines waiting in memory"),
         _f("write_latency_ms", "float", "ms", "duration of the last successful write"),
         _f("last_write_age_s", "float", "s", "seconds since the last successful write"),

@@ -22,7 +22,7 @@ class _Delivery:
 
     def stats(self) -> dict:
         return {"lines_written": 90, "lines_spooled": 7, "lines_replayed": 5, "lines_dropped": 2, "lines_rejected": 1,
-                "spool_bytes": 4096, "buffer_lines": 3, "write_latency_ms": 1.5, "last_write_age_s": 0.4,
+                "spool_damaged_lines": 6, "spool_damaged_bytes": 300, "spool_bytes": 4096, "buffer_lines": 3, "write_latency_ms": 1.5, "last_write_age_s": 0.4,
                 "last_write_unix": 1.7e9}  # fmt: skip
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from gpulse.delivery import spool as spool_mod
 from gpulse.delivery.spool import HEADER, Spool
+from gpulse.util import files
 
 
 def batch(k: int, n: int = 10) -> list[str]:
@@ -26,6 +29,15 @@ def drain(s: Spool) -> list[list[str]]:
 
 def segments(path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.name.endswith(".seg"))
+
+
+def first_segment_of(path, batches: int, segment_bytes: int = 1 << 20) -> Path:
+    """Write ``batches`` batches to a spool at ``path`` and close it: the path of its first segment."""
+    s = Spool(path, segment_bytes=segment_bytes)
+    for k in range(batches):
+        s.append(batch(k))
+    s.close()
+    return path / segments(path)[0]
 
 
 def test_batches_come_back_in_order_with_their_tickets_and_the_directory_is_private(tmp_path):
@@ -57,47 +69,35 @@ def test_a_restart_resumes_after_the_last_acked_record(tmp_path):
 
 
 def test_a_torn_tail_is_skipped_and_counted_and_later_segments_survive(tmp_path):
-    s = Spool(tmp_path, segment_bytes=1 << 20)
-    for k in range(3):
-        s.append(batch(k))
-    s.close()
-    seg = tmp_path / segments(tmp_path)[0]
+    seg = first_segment_of(tmp_path, 3)
     size = seg.stat().st_size
     os.truncate(seg, size - 50)  # the last record was cut mid-write
     again = Spool(tmp_path)
     again.append(batch(3))  # goes to a new segment
     assert drain(again) == [batch(0), batch(1), batch(3)]
-    assert again.records_corrupt == 1
+    assert again.damaged_records == 1
     assert again.lines_dropped == 10  # the torn record's header still says how many lines it held
 
 
 def test_a_flipped_byte_loses_exactly_that_record(tmp_path):
-    s = Spool(tmp_path, segment_bytes=1000)
-    for k in range(6):
-        s.append(batch(k))
-    s.close()
-    first = tmp_path / segments(tmp_path)[0]
+    first = first_segment_of(tmp_path, 6, segment_bytes=1000)
     data = bytearray(first.read_bytes())
     data[HEADER.size + 5] ^= 0xFF  # inside the first record's payload
     first.write_bytes(bytes(data))
     again = Spool(tmp_path, segment_bytes=1000)
     assert drain(again) == [batch(k) for k in range(1, 6)]
-    assert again.records_corrupt == 1
+    assert again.damaged_records == 1
     assert again.lines_dropped == 10
 
 
 def test_a_damaged_header_resynchronises_on_the_next_good_record(tmp_path):
-    s = Spool(tmp_path, segment_bytes=1 << 20)
-    for k in range(4):
-        s.append(batch(k))
-    s.close()
-    seg = tmp_path / segments(tmp_path)[0]
+    seg = first_segment_of(tmp_path, 4)
     data = bytearray(seg.read_bytes())
     data[0:4] = b"XXXX"  # the first record's magic is gone
     seg.write_bytes(bytes(data))
     again = Spool(tmp_path)
     assert drain(again) == [batch(k) for k in range(1, 4)]
-    assert again.records_corrupt == 1 and again.lines_dropped >= 10
+    assert again.damaged_records == 1 and again.lines_dropped >= 10
 
 
 def test_garbage_files_and_a_bad_ack_file_never_crash_it(tmp_path):
@@ -106,7 +106,7 @@ def test_garbage_files_and_a_bad_ack_file_never_crash_it(tmp_path):
     s = Spool(tmp_path)
     s.append(batch(1))
     assert drain(s) == [batch(1)]
-    assert s.records_corrupt == 1
+    assert s.damaged_records == 1
 
 
 def test_when_full_the_oldest_segment_is_dropped_and_counted(tmp_path):
@@ -144,27 +144,149 @@ def test_a_batch_larger_than_a_segment_is_stored_as_several_records_with_their_t
 def test_a_full_disk_drops_that_batch_without_corrupting_the_spool(tmp_path, monkeypatch, code):
     s = Spool(tmp_path)
     s.append(batch(0))
-    real = spool_mod.write_all
+    real = files.write_all
 
     def half_then_fail(fd, data):  # writes part of the record, then the disk is full
         real(fd, data[: len(data) // 2])
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(spool_mod, "write_all", half_then_fail)
+    monkeypatch.setattr(files, "write_all", half_then_fail)
     assert s.append(batch(1)).lines == 0
     assert s.append(batch(2)).lines == 0
     assert s.write_errors == 2
-    monkeypatch.setattr(spool_mod, "write_all", real)
+    monkeypatch.setattr(files, "write_all", real)
     assert s.append(batch(3)).lines == 10  # space again: it keeps going
     assert drain(s) == [batch(0), batch(3)]
-    assert s.records_corrupt == 0
+    assert s.damaged_records == 0
 
 
-def test_a_spool_directory_of_another_user_is_refused(tmp_path):
-    if os.getuid() != 0:
-        pytest.skip("needs root to chown")
-    d = tmp_path / "theirs"
-    d.mkdir(mode=0o700)
-    os.chown(d, 12345, 12345)
+def test_a_spool_directory_of_another_user_is_refused(foreign_dir):
     with pytest.raises(PermissionError):
-        Spool(d)
+        Spool(foreign_dir)
+
+
+def tree(path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_inspect_spool_reads_every_sinks_folder_without_changing_anything(tmp_path):
+    influx = Spool(tmp_path / "influx", segment_bytes=1000)
+    for k in range(1, 7):
+        influx.append(batch(k))
+    rec = influx.peek()
+    influx.ack(rec.segment, rec.offset)  # batch 1 delivered: 5 batches wait
+    influx.close()
+    (tmp_path / "influx" / spool_mod.DESTINATION_FILE).write_text(
+        "InfluxDB v2 API at http://db:8086 (org o, bucket b)\n"
+    )
+    record = Spool(tmp_path / "record")
+    record.append(batch(9, 3))
+    record.close()
+    before = tree(tmp_path)
+
+    summary = spool_mod.inspect_spool(tmp_path)
+
+    assert tree(tmp_path) == before
+    by_name = {s.name: s for s in summary.sinks}
+    assert set(by_name) == {"influx", "record"}
+    influx_s, record_s = by_name["influx"], by_name["record"]
+    assert (influx_s.records, influx_s.lines, influx_s.damaged_records) == (5, 50, 0)
+    assert influx_s.oldest_point_ns == 2000  # the first waiting line: batch 2's first
+    assert influx_s.destination == "InfluxDB v2 API at http://db:8086 (org o, bucket b)"
+    assert influx_s.bytes == sum(p.stat().st_size for p in (tmp_path / "influx").glob("*.seg"))
+    assert (record_s.records, record_s.lines, record_s.oldest_point_ns, record_s.destination) == (1, 3, 9000, None)
+    assert (summary.records, summary.lines, summary.oldest_point_ns) == (6, 53, 2000)
+    assert summary.segments == influx_s.segments + record_s.segments >= 3
+
+
+def test_inspect_spool_counts_damage_as_the_spool_will_skip_it(tmp_path):
+    seg = first_segment_of(tmp_path / "influx", 4)
+    data = bytearray(seg.read_bytes())
+    data[HEADER.size + 5] ^= 0xFF  # the first record's payload
+    seg.write_bytes(bytes(data))
+    one = HEADER.size + len("".join(batch(0)))  # the damaged record, header and payload
+
+    found = spool_mod.inspect_spool(tmp_path).sinks[0]
+
+    assert (found.records, found.lines) == (3, 30)
+    assert (found.damaged_records, found.damaged_bytes, found.damaged_lines) == (1, one, 10)
+    assert found.oldest_point_ns == 1000
+    again = Spool(tmp_path / "influx")
+    assert drain(again) == [batch(k) for k in range(1, 4)] and again.lines_dropped == found.damaged_lines
+
+
+def test_inspect_spool_of_an_empty_or_new_directory(tmp_path):
+    empty = spool_mod.inspect_spool(tmp_path)
+    assert (empty.segments, empty.records, empty.bytes, empty.oldest_point_ns, empty.sinks) == (0, 0, 0, None, ())
+    with pytest.raises(OSError):
+        spool_mod.inspect_spool(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("length", [0xFFFFFF, 3, 0], ids=["past-the-end", "short", "zero"])
+def test_a_corrupted_length_field_loses_that_record_only_and_counts_exactly_what_was_lost(tmp_path, length, caplog):
+    seg = first_segment_of(tmp_path, 4)
+    data = bytearray(seg.read_bytes())
+    first = HEADER.size + len("".join(batch(0)))
+    data[first + 8 : first + 12] = length.to_bytes(4, "little")  # record 1's payload length
+    seg.write_bytes(bytes(data))
+    seen = spool_mod.inspect_spool(tmp_path)
+
+    again = Spool(tmp_path)
+    got = drain(again)
+
+    written = [line for k in range(4) for line in batch(k)]
+    read = [line for b in got for line in b]
+    assert got == [batch(0), batch(2), batch(3)]
+    assert again.damaged_lines == len(written) - len(read) == 10
+    assert (again.damaged_records, again.lines_dropped) == (1, 10)
+    assert again.damaged_bytes == HEADER.size + len("".join(batch(1)))
+    assert (seen.damaged_lines, seen.damaged_bytes) == (again.damaged_lines, again.damaged_bytes)
+
+
+def test_each_damaged_segment_is_logged_once_whatever_the_rate(tmp_path, caplog):
+    s = Spool(tmp_path, segment_bytes=2 * (HEADER.size + len("".join(batch(7)))) + 1)  # two records per segment
+    for k in range(8):
+        s.append(batch(k))
+    s.close()
+    names = segments(tmp_path)
+    assert len(names) == 4
+    for name in names[:3]:  # both records of three segments are damaged
+        seg = tmp_path / name
+        data = bytearray(seg.read_bytes())
+        data[HEADER.size + 3] ^= 0xFF
+        data[-3] ^= 0xFF
+        seg.write_bytes(bytes(data))
+    with caplog.at_level(logging.ERROR, logger="gpulse.spool"):
+        again = Spool(tmp_path)
+        assert drain(again) == [batch(6), batch(7)]
+    damaged = [r for r in caplog.records if "is damaged" in r.getMessage()]
+    assert [r.getMessage().split(" is damaged")[0].rsplit(" ", 1)[1] for r in damaged] == ["1", "2", "3"]
+    assert (again.damaged_records, again.damaged_lines) == (6, 60)
+
+
+def five_batches_two_delivered(path) -> Path:
+    s = Spool(path, segment_bytes=1 << 20)
+    for k in range(5):
+        s.append(batch(k))
+    for _ in range(2):
+        rec = s.peek()
+        s.ack(rec.segment, rec.offset)
+    s.close()
+    return path / "ack"
+
+
+def test_the_read_position_survives_a_restart_in_its_own_and_in_an_older_gpulse_format(tmp_path):
+    five_batches_two_delivered(tmp_path / "new")
+    assert drain(Spool(tmp_path / "new")) == [batch(k) for k in range(2, 5)]
+    ack = five_batches_two_delivered(tmp_path / "old")
+    seg, off = ack.read_text().split()[:2]
+    ack.write_text(f"{int(seg)} {int(off)}\n")  # as an older gpulse wrote it
+    assert drain(Spool(tmp_path / "old")) == [batch(k) for k in range(2, 5)]
+
+
+def test_a_torn_read_position_replays_from_the_start_duplicates_but_no_loss(tmp_path):
+    ack = five_batches_two_delivered(tmp_path)
+    torn = bytearray(ack.read_bytes())
+    torn[30] = ord("9") if torn[30] != ord("9") else ord("8")  # a crash while it was being overwritten
+    ack.write_bytes(bytes(torn))
+    assert drain(Spool(tmp_path)) == [batch(k) for k in range(5)]

@@ -53,3 +53,15 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
     env["XDG_RUNTIME_DIR"] = str(tmp_path / "run")
     (tmp_path / "run").mkdir(mode=0o700, exist_ok=True)
     return env
+
+
+@pytest.fixture
+def foreign_dir(tmp_path: Path) -> Path:
+    """A directory of another user (uid 12345, mode 0755). Needs root to chown (CI runs as root)."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to chown")
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    os.chown(d, 12345, 12345)
+    return d

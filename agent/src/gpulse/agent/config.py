@@ -126,6 +126,8 @@ class AgentConfig:
     status_interval: float = 30.0  # plain log status every N s when stderr is not a terminal
     max_lines: int = 5000
     max_bytes: int = 4 << 20
+    #: replay data spooled for another destination (another URL, API, org/bucket, database) into this one
+    replay_spool_to_new_destination: bool = False
     config_path: str | None = field(default=None, compare=False)
 
     @property
@@ -161,6 +163,7 @@ _SETTINGS: dict[str, _Conv] = {
     "status_interval": _float,
     "max_lines": _int,
     "max_bytes": parse_size,
+    "replay_spool_to_new_destination": _bool,
 }
 #: keys allowed in the TOML ``[connection]`` table (the token itself is refused by resolve_connection)
 CONNECTION_KEYS = ("url", "api", "org", "bucket", "token_file")

@@ -20,7 +20,15 @@ from gpulse.schema import AGENT, NVML_ERROR_KINDS
 log = logging.getLogger("gpulse.agent")
 
 #: delivery's counters (``Delivery.stats()``), the same names in the schema, the snapshot and the summary
-DELIVERY_COUNTS = ("lines_written", "lines_spooled", "lines_replayed", "lines_dropped", "lines_rejected")
+DELIVERY_COUNTS = (
+    "lines_written",
+    "lines_spooled",
+    "lines_replayed",
+    "lines_dropped",
+    "lines_rejected",
+    "spool_damaged_lines",
+    "spool_damaged_bytes",
+)
 DELIVERY_GAUGES = ("spool_bytes", "buffer_lines", "write_latency_ms", "last_write_age_s", "last_write_unix")
 _NVML_PREFIX = "nvml_errors_"
 
@@ -58,6 +66,9 @@ class Reading:
     lines_replayed: int
     lines_dropped: int
     lines_rejected: int
+    #: lines and bytes lost to spool damage found at replay
+    spool_damaged_lines: int
+    spool_damaged_bytes: int
     spool_bytes: int
     buffer_lines: int
     write_latency_ms: float | None

@@ -37,10 +37,10 @@ from gpulse.agent.status_line import StatusLine
 from gpulse.lineprotocol.encode import Encoder, Series
 from gpulse.schema import GPU_TAGS, MEASUREMENTS
 from gpulse.sources.base import GpuIdentity, GpuSource, SourceUnavailable
-from gpulse.util.ratelog import RateLimitedLog
+from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.agent")
-_rlog = RateLimitedLog(log)
+_rlog = CountedLog(log)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -223,6 +223,7 @@ class Agent:
             max_lines=cfg.max_lines,
             max_bytes=cfg.max_bytes,
             flush_interval=cfg.flush_interval,
+            replay_spool_elsewhere=cfg.replay_spool_to_new_destination,
         )
         self.delivery.start()
         if not cfg.no_socket:
@@ -449,6 +450,10 @@ class Agent:
             "record": self.cfg.record,
             "spool_dir": self.cfg.spool_dir,
             **r.delivery(),
+            "spool_held": [
+                {"path": str(h.path), "destination": h.destination, "lines": h.lines, "bytes": h.bytes}
+                for h in (self.delivery.held if self.delivery is not None else [])
+            ],
             "records_received": r.records_received,
             "records_rejected": r.records_rejected,
         }

@@ -11,8 +11,25 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+
+
+def batched(lines: Iterable[str], max_lines: int, max_bytes: int) -> Iterator[list[str]]:
+    """Consecutive ``lines`` in batches of at most ``max_lines`` lines and ``max_bytes`` characters
+    (a single longer line makes a batch alone). Lazy: reads one line past a batch, never more.
+
+    The one batching rule: the agent's :class:`LineBuffer` and the one-shot ``deliver_batches`` both use it."""
+    chunk: list[str] = []
+    size = 0
+    for line in lines:
+        if chunk and (len(chunk) >= max_lines or size + len(line) > max_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(line)
+        size += len(line)
+    if chunk:
+        yield chunk
 
 
 @dataclass
@@ -47,6 +64,8 @@ class LineBuffer:
         self.ticket = 0  # lines submitted so far
         self.cut_upto = 0  # tickets cut into batches (or dropped)
         self.dropped = 0
+        #: the first ticket dropped for the memory cap, minus one: nothing from there on is ever durable
+        self.lost_from: int | None = None
 
     def add(self, lines: Sequence[str]) -> tuple[int, bool]:
         """Append ``lines``; returns (ticket, a full batch is ready)."""
@@ -56,6 +75,8 @@ class LineBuffer:
             self.ticket += len(lines)
             while self._bytes > self.hard_max_bytes and len(self._lines) > 1:
                 self._bytes -= len(self._lines.popleft())
+                if self.lost_from is None:
+                    self.lost_from = self.cut_upto
                 self.dropped += 1
                 self.cut_upto += 1
             full = len(self._lines) >= self.max_lines or self._bytes >= self.max_bytes
@@ -69,19 +90,18 @@ class LineBuffer:
         """Every full batch; with ``force`` also the partial remainder."""
         out: list[Batch] = []
         with self._lock:
-            while self._lines:
-                n, size = 0, 0
-                for line in self._lines:
-                    if n and (n >= self.max_lines or size + len(line) > self.max_bytes):
-                        break
-                    n += 1
-                    size += len(line)
-                full = n >= self.max_lines or size >= self.max_bytes or n < len(self._lines)
-                if not (full or force):
-                    break
-                lines = [self._lines.popleft() for _ in range(n)]
+            if not self._lines:
+                return out
+            chunks = list(batched(self._lines, self.max_lines, self.max_bytes))
+            last = chunks[-1]
+            keep: list[str] = []
+            if not force and len(last) < self.max_lines and sum(map(len, last)) < self.max_bytes:
+                keep = chunks.pop()  # not full yet: it waits for more lines or the flush interval
+            self._lines = deque(keep)
+            for lines in chunks:
+                size = sum(map(len, lines))
                 self._bytes -= size
                 start = self.cut_upto
-                self.cut_upto += n
+                self.cut_upto += len(lines)
                 out.append(Batch(lines, end=self.cut_upto, start=start, nbytes=size, epoch=self.epoch))
         return out

@@ -14,7 +14,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpulse.util.ratelog import RateLimitedLog
+from gpulse.util.countlog import CountedLog
+from gpulse.util.files import append_fsync, open_append
 
 log = logging.getLogger("gpulse.delivery")
 
@@ -24,7 +25,7 @@ class DeadLetter:
         self.path = Path(path) if path is not None else None
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._log = RateLimitedLog(log)
+        self._log = CountedLog(log)
 
     def write(self, lines: Sequence[str], reason: str) -> None:
         """Keep ``lines`` with ``reason``; logs (at most once a minute) and never raises."""
@@ -53,10 +54,9 @@ class DeadLetter:
                         self.path,
                     )
                     return
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                fd = open_append(self.path)
                 try:
-                    os.write(fd, data)
-                    os.fsync(fd)
+                    append_fsync(fd, data)
                 finally:
                     os.close(fd)
             except OSError as e:

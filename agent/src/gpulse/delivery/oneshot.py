@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpulse.delivery.buffer import batched
 from gpulse.delivery.deadletter import DeadLetter
 from gpulse.delivery.retry import RetryPolicy
 from gpulse.delivery.sender import BatchSender, DeliveryStopped
@@ -61,8 +62,6 @@ def deliver_batches(
             log.warning("%s: %s; retrying in %.1f s", sink.describe(), error.describe(), delay)
 
     sender = BatchSender(sink, policy or RetryPolicy(), DeadLetter(dead_letter_path), stop=stop, on_retry=on_retry)
-    chunk: list[str] = []
-    size = 0
 
     def push(batch: list[str]) -> None:
         if stop.is_set():
@@ -78,16 +77,8 @@ def deliver_batches(
         out.requests += r.requests
 
     try:
-        for line in lines:
-            if not line.endswith("\n"):
-                line += "\n"
-            if chunk and (len(chunk) >= max_lines or size + len(line) > max_bytes):
-                push(chunk)
-                chunk, size = [], 0
-            chunk.append(line)
-            size += len(line)
-        if chunk:
-            push(chunk)
+        for batch in batched((line if line.endswith("\n") else line + "\n" for line in lines), max_lines, max_bytes):
+            push(batch)
     finally:
         if timer is not None:
             timer.cancel()

@@ -37,6 +37,31 @@ from gpulse.sinks.errors import RETRY_AFTER_CAP_S, ErrorKind, WriteError
 
 
 # -- waiting --------------------------------------------------------------------------------------
+class wait_retry_after_or_backoff(tenacity.wait.wait_base):
+    """Retry-After, else exponential backoff with equal jitter: tenacity's wait strategy for a sink.
+
+    The server's ``Retry-After`` (capped) wins; else attempt *n* waits uniformly in ``[b/2, b]``
+    (tenacity's ``wait_exponential`` for the fixed half plus ``wait_random_exponential`` for the
+    jittered half); a configuration error waits at least ``config_min_delay``."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        half_init, half_max = policy.initial / 2, policy.max_delay / 2
+        self.policy = policy
+        self.backoff = tenacity.wait_exponential(multiplier=half_init, max=half_max) + tenacity.wait_random_exponential(
+            multiplier=half_init, max=half_max
+        )
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        outcome = retry_state.outcome
+        error = outcome.exception() if outcome is not None and outcome.failed else None
+        if isinstance(error, WriteError) and error.retry_after is not None:
+            return min(error.retry_after, self.policy.retry_after_cap)
+        delay = self.backoff(retry_state)
+        if isinstance(error, WriteError) and error.kind is ErrorKind.CONFIG:
+            return max(delay, self.policy.config_min_delay)
+        return delay
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Backoff parameters; :meth:`retrying` builds the tenacity controller one sink uses."""
@@ -47,29 +72,6 @@ class RetryPolicy:
     config_min_delay: float = 5.0
     retry_after_cap: float = RETRY_AFTER_CAP_S
 
-    def __post_init__(self) -> None:
-        half_init, half_max = self.initial / 2, self.max_delay / 2
-        backoff = tenacity.wait_exponential(multiplier=half_init, max=half_max) + tenacity.wait_random_exponential(
-            multiplier=half_init, max=half_max
-        )
-        object.__setattr__(self, "_backoff", backoff)
-
-    def backoff(self, attempt: int) -> float:
-        """The jittered delay after failed attempt number ``attempt`` (1-based), within ``[b/2, b]``."""
-        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = attempt
-        return self._backoff(state)  # type: ignore[attr-defined]
-
-    def delay_for(self, error: BaseException | None, attempt: int) -> float:
-        """How long to wait after ``error`` on attempt ``attempt``: Retry-After wins when the server sent one."""
-        delay = self.backoff(attempt)
-        if isinstance(error, WriteError):
-            if error.retry_after is not None:
-                return min(error.retry_after, self.retry_after_cap)
-            if error.kind is ErrorKind.CONFIG:
-                return max(delay, self.config_min_delay)
-        return delay
-
     def retrying(
         self,
         stop: threading.Event,
@@ -78,10 +80,6 @@ class RetryPolicy:
     ) -> tenacity.Retrying:
         """Retries retryable :class:`WriteError` until ``stop`` is set; the last error is re-raised then."""
 
-        def _wait(state: tenacity.RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            return self.delay_for(exc, state.attempt_number)
-
         def _before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             if before_sleep is not None and isinstance(exc, WriteError):
@@ -89,7 +87,7 @@ class RetryPolicy:
 
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception(lambda e: isinstance(e, WriteError) and e.retryable),
-            wait=_wait,
+            wait=wait_retry_after_or_backoff(self),
             stop=tenacity.stop_when_event_set(stop),
             sleep=sleep if sleep is not None else stop.wait,
             before_sleep=_before_sleep,

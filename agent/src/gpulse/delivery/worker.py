@@ -1,19 +1,27 @@
 """One sink's queue, spool and delivery thread (a :class:`SinkWorker` per sink of a :class:`~gpulse.delivery.pipeline.Delivery`).
 
-Per sink, one thread sends one request at a time, oldest first. A batch waits in memory only
-while the sink keeps up: as soon as a send fails, or a batch (or the request in flight) has waited
-longer than one flush interval, the in-flight batch and everything queued behind it are appended
-to that sink's spool (fsynced), and new batches go behind them until the spool is drained, so the
-order never changes and a SIGKILL loses at most the last flush interval. A spool left by an earlier
-run is replayed first, while new samples keep flowing behind it.
+Per sink, one thread sends one request at a time, oldest first. The queue is, in order: the *head*
+(the batch being sent), the spool (on disk, fsynced), then memory. A batch waits in memory only while
+the sink keeps up (:attr:`Mode.MEMORY`): as soon as a send fails, or a batch (or the head) has waited
+longer than one flush interval, a copy of the head and everything in memory are appended to the spool
+and new batches go behind them (:attr:`Mode.SPOOLING`) until the spool is drained, so the order never
+changes and a SIGKILL loses at most the last flush interval. A spool left by an earlier run is
+replayed first (:attr:`Mode.REPLAYING_BACKLOG`), while new samples keep flowing behind it.
+
+What the spool cannot take (a full disk) stays in memory, behind what it holds, up to the memory cap,
+and is not durable until it is delivered: a training client is acknowledged only for lines that were
+delivered or fsynced (``durable_upto``). A line dropped for good (the memory cap, shutdown without a
+spool) holds ``durable_upto`` back for the rest of this process: its clients record what they sent.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from gpulse.delivery.buffer import Batch
 from gpulse.delivery.deadletter import DeadLetter
@@ -22,9 +30,38 @@ from gpulse.delivery.sender import BatchSender, DeliveryStopped, SendResult
 from gpulse.delivery.spool import Spool
 from gpulse.sinks.base import Sink
 from gpulse.sinks.errors import ErrorKind, WriteError
-from gpulse.util.ratelog import RateLimitedLog
+from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.delivery")
+
+
+class Mode(enum.Enum):
+    """Where new batches go, and what the sink thread reads."""
+
+    #: the sink keeps up: batches wait in memory (the spool is empty)
+    MEMORY = "memory"
+    #: the sink is behind: new batches go to the spool (memory only for what the spool cannot take)
+    SPOOLING = "spooling"
+    #: as SPOOLING, and the spool starts with an earlier run's batches (``done_upto`` is -1 until they are through)
+    REPLAYING_BACKLOG = "replaying_backlog"
+    #: shutting down: what is left goes to the spool (or is counted as dropped), the thread stops
+    CLOSING = "closing"
+
+
+@dataclass
+class Head:
+    """The batch the sink thread is sending, until it is finished (delivered, rejected, or given up)."""
+
+    batch: Batch
+    since: float
+    #: its records in the spool (replayed from there, or copied there while in flight): it is durable
+    spooled: list[tuple[int, int]] | None = None
+    #: counted as lost at shutdown while its send was still going on
+    given_up: bool = False
+
+    @property
+    def durable(self) -> bool:
+        return self.spooled is not None
 
 
 class SinkWorker:
@@ -49,145 +86,176 @@ class SinkWorker:
         self.memory_max_bytes = memory_max_bytes
         self.stop = stop
         self.cv = threading.Condition()
+        self.mode = Mode.REPLAYING_BACKLOG if spool is not None and spool.has_data() else Mode.MEMORY
+        self.head: Head | None = None
         self.mem: deque[Batch] = deque()
         self.mem_bytes = 0
-        self.inflight: Batch | None = None
-        self.inflight_since = 0.0
-        self.inflight_pos: list[tuple[int, int]] | None = None  # its copy's records in the spool, if it has one
-        self.spool_mode = spool is not None and spool.has_data()
-        #: spooled by an earlier run and not yet replayed: it comes before anything of ours
-        self.backlog = self.spool_mode
         self.offered_upto = 0
         self._done_upto = 0
-        self.closing = False
+        #: the start of the first batch of ours dropped for good: nothing from there on is ever durable
+        self._lost_from: int | None = None
         self.written = 0
         self.replayed = 0
         self.rejected = 0
         self.dropped = 0
         self.retries = 0
         self.sender = BatchSender(sink, policy, dead_letter, stop=stop, on_retry=self._on_retry)
-        self._log = RateLimitedLog(log)
+        self._log = CountedLog(log)
         self.thread = threading.Thread(target=self._run, name=f"gpulse-sink-{sink.name}", daemon=True)
 
     # -- called by the delivery thread ----------------------------------------------------------
     def offer(self, batch: Batch) -> None:
         with self.cv:
             self.offered_upto = batch.end
-            if self.spool is None:
-                self.mem.append(batch)
-                self.mem_bytes += batch.nbytes
-                while self.mem_bytes > self.memory_max_bytes and len(self.mem) > 1:
-                    old = self.mem.popleft()
-                    self.mem_bytes -= old.nbytes
-                    self.dropped += len(old)
-                    self._log.log(
-                        f"mem-{self.sink.name}",
-                        logging.WARNING,
-                        "%s is behind and there is no spool: dropped %d old lines (memory cap %d bytes)",
-                        self.sink.describe(),
-                        len(old),
-                        self.memory_max_bytes,
-                    )
-            elif self.spool_mode or self.spool.has_data() or self._stalled(time.monotonic()):
+            if self.spool is not None and (self.mode is not Mode.MEMORY or self._stalled(time.monotonic())):
                 self._spill_locked()
-                self._append_locked(batch)
-            else:
-                self.mem.append(batch)
-                self.mem_bytes += batch.nbytes
+                if not self.mem:  # else the spool is failing: nothing may overtake what waits in memory
+                    batch = self._to_spool(batch)
+            if batch.lines:
+                if self.mode is Mode.CLOSING:
+                    self._lose(batch)
+                else:
+                    self._to_memory(batch)
             self.cv.notify_all()
 
     def tick(self) -> None:
         """Once per flush interval: spool what has waited too long (the SIGKILL bound)."""
         with self.cv:
-            if self.spool is not None and not self.spool_mode and self._stalled(time.monotonic()):
+            if self.spool is not None and self._stalled(time.monotonic()):
                 self._spill_locked()
 
     def _stalled(self, now: float) -> bool:
-        if self.inflight is not None and self.inflight_pos is None and now - self.inflight_since > self.flush_interval:
+        head = self.head
+        if head is not None and not head.durable and now - head.since > self.flush_interval:
             return True
         return bool(self.mem) and now - self.mem[0].cut_at > self.flush_interval
 
-    def _append_locked(self, batch: Batch) -> None:
+    def _to_memory(self, batch: Batch) -> None:
+        """Queue ``batch`` behind everything; beyond the memory cap the oldest queued batch is dropped."""
+        self.mem.append(batch)
+        self.mem_bytes += batch.nbytes
+        while self.mem_bytes > self.memory_max_bytes and len(self.mem) > 1:
+            old = self.mem.popleft()
+            self.mem_bytes -= old.nbytes
+            self._lose(old)
+            self._log.log(
+                f"mem-{self.sink.name}",
+                logging.WARNING,
+                "%s is behind and %s: dropped %d old lines (memory cap %d bytes)",
+                self.sink.describe(),
+                "there is no spool" if self.spool is None else "the spool cannot take more",
+                len(old),
+                self.memory_max_bytes,
+            )
+
+    def _to_spool(self, batch: Batch) -> Batch:
+        """Append a queued ``batch`` durably; returns what the spool could not take now (empty when all is
+        stored). A line larger than the whole spool is dropped for good."""
         assert self.spool is not None
         stored = self.spool.append(batch.lines, epoch=batch.epoch, end_ticket=batch.end)
-        self.dropped += len(batch) - stored.lines
+        if stored.too_big:
+            self._lose(batch, stored.too_big)
+        rest = batch.lines[stored.lines + stored.too_big :]
+        nbytes = sum(map(len, rest)) if rest else 0
+        return Batch(rest, batch.end, batch.end - len(rest), nbytes, batch.epoch, batch.cut_at)
 
     def _spill_locked(self) -> None:
-        """Move the in-flight batch (a copy: the send goes on) and the memory queue to the spool, in order."""
+        """Make the queue durable: a copy of the head (the send goes on), then memory, to the spool, in order.
+        What the spool cannot take (disk full) stays in memory, and everything after it too."""
         if self.spool is None:
             return
-        self.spool_mode = True
-        if self.inflight is not None and self.inflight_pos is None:
-            # a copy: the send goes on. Stored only in part (disk full), it stays in memory as not durable
-            # (the part on disk is replayed later: a harmless duplicate)
-            b = self.inflight
+        if self.mode is Mode.MEMORY:
+            self.mode = Mode.SPOOLING
+        head = self.head
+        if head is not None and not head.durable:
+            # Stored only in part, the head stays not durable (the part on disk is replayed later: a
+            # harmless duplicate); its send goes on either way.
+            b = head.batch
             stored = self.spool.append(b.lines, epoch=b.epoch, end_ticket=b.end, pin=True)
             if stored.lines == len(b):
-                self.inflight_pos = stored.positions
+                head.spooled = stored.positions
         while self.mem:
-            b = self.mem.popleft()
-            self.mem_bytes -= b.nbytes
-            self._append_locked(b)
+            b = self.mem[0]
+            rest = self._to_spool(b)
+            self.mem_bytes -= b.nbytes - rest.nbytes
+            if rest.lines:
+                self.mem[0] = rest
+                return
+            self.mem.popleft()
+
+    def _lose(self, batch: Batch, lines: int | None = None) -> None:
+        """``lines`` of ``batch`` (all by default) are gone for good: counted, and never acknowledged."""
+        self.dropped += len(batch) if lines is None else lines
+        if batch.epoch == self.epoch:
+            self._lost_from = batch.start if self._lost_from is None else min(self._lost_from, batch.start)
 
     # -- the sink's thread ------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            with self.cv:
-                batch = None
-                while batch is None:
-                    if self.stop.is_set():
-                        return
-                    if self.mem:
-                        batch = self.mem.popleft()
-                        self.mem_bytes -= batch.nbytes
-                        self.inflight_pos = None
-                    elif self.spool is not None and self.spool.has_data():
-                        rec = self.spool.peek()
-                        if rec is not None:
-                            self.backlog = self.backlog and rec.epoch != self.epoch
-                            batch = Batch(rec.lines, rec.end_ticket, rec.end_ticket - len(rec.lines), 0, rec.epoch)
-                            self.inflight_pos = [(rec.segment, rec.offset)]
-                    else:
-                        self.spool_mode = self.backlog = False
-                        if self.closing:
-                            return
-                        self.cv.wait()
-                self.inflight = batch
-                self.inflight_since = time.monotonic()
+            head = self._next_head()
+            if head is None:
+                return
             try:
-                result = self.sender.send(batch.lines)
+                result = self.sender.send(head.batch.lines)
             except DeliveryStopped:
                 with self.cv:
                     self._spill_locked()
-                    if self.spool is None or self.inflight_pos is None or not self.spool.holds(self.inflight_pos):
-                        self.dropped += len(batch)  # not delivered, and no copy left on disk
-                    self.inflight = None
+                    if head.given_up:
+                        pass  # shutdown counted it
+                    elif not head.durable or self.spool is None or not self.spool.holds(head.spooled or []):
+                        self._lose(head.batch)  # not delivered, and no copy left on disk
+                    self.head = None
                 return
-            except Exception:  # a sink bug must not kill delivery: keep the batch, back off
+            except Exception:  # a sink bug must not kill delivery: keep the batch (it stays the head), back off
                 log.exception("%s: unexpected error while writing", self.sink.describe())
                 with self.cv:
                     self._spill_locked()
-                    if self.inflight_pos is None:
-                        self.mem.appendleft(batch)
-                        self.mem_bytes += batch.nbytes
-                    self.inflight = None
                 self.stop.wait(1.0)
                 continue
-            self._finish(batch, result)
+            self._finish(head, result)
 
-    def _finish(self, batch: Batch, result: SendResult) -> None:
+    def _next_head(self) -> Head | None:
+        """The batch to send next (the current head again after an unexpected error), or None to stop."""
+        with self.cv:
+            while True:
+                if self.stop.is_set():
+                    return None
+                if self.head is not None:
+                    return self.head
+                rec = self.spool.peek() if self.spool is not None and self.spool.has_data() else None
+                if rec is not None:
+                    if self.mode is Mode.REPLAYING_BACKLOG and rec.epoch == self.epoch:
+                        self.mode = Mode.SPOOLING
+                    batch = Batch(rec.lines, rec.end_ticket, rec.end_ticket - len(rec.lines), 0, rec.epoch)
+                    self.head = Head(batch, time.monotonic(), [(rec.segment, rec.offset)])
+                elif self.mem:
+                    batch = self.mem.popleft()
+                    self.mem_bytes -= batch.nbytes
+                    self.head = Head(batch, time.monotonic())
+                else:
+                    if self.mode is Mode.CLOSING:
+                        return None
+                    self.mode = Mode.MEMORY
+                    self.cv.wait()
+                    continue
+                if self.mode is Mode.REPLAYING_BACKLOG and rec is None:
+                    self.mode = Mode.SPOOLING  # the backlog is through; what remains is ours
+                return self.head
+
+    def _finish(self, head: Head, result: SendResult) -> None:
         with self.cv:
             self.written += result.written
             self.rejected += result.rejected
-            if self.inflight_pos is not None:
+            if head.given_up:
+                self.dropped -= len(head.batch)  # shutdown counted it as lost, but the send made it in the end
+            if head.durable:
                 self.replayed += result.written
                 if self.spool is not None:
-                    for seg, off in self.inflight_pos:
+                    for seg, off in head.spooled or []:
                         self.spool.ack(seg, off)
-            if batch.epoch == self.epoch:
-                self._done_upto = max(self._done_upto, batch.end)
-            self.inflight = None
-            self.inflight_pos = None
+            if head.batch.epoch == self.epoch:
+                self._done_upto = max(self._done_upto, head.batch.end)
+            self.head = None
             self.cv.notify_all()
 
     def _on_retry(self, error: WriteError, delay: float) -> None:
@@ -218,47 +286,69 @@ class SinkWorker:
             )
 
     # -- state ------------------------------------------------------------------------------------
-    def idle(self) -> bool:
-        with self.cv:
-            return not self.mem and self.inflight is None and (self.spool is None or not self.spool.has_data())
+    def _empty_locked(self) -> bool:
+        return self.head is None and not self.mem and (self.spool is None or not self.spool.has_data())
 
     def done_upto(self) -> int:
         """The highest ticket finished (delivered, rejected or dropped); -1 while an earlier run's backlog remains."""
         with self.cv:
-            if self.backlog:
+            if self.mode is Mode.REPLAYING_BACKLOG:
                 return -1
-            if not self.mem and self.inflight is None and (self.spool is None or not self.spool.has_data()):
-                return self.offered_upto
-            return self._done_upto
+            return self.offered_upto if self._empty_locked() else self._done_upto
 
     def durable_upto(self) -> int:
+        """The highest ticket up to which every line was delivered or fsynced to the spool (never past a lost line)."""
         with self.cv:
-            if self.inflight is not None and self.inflight_pos is None and self.inflight.epoch == self.epoch:
-                return self.inflight.start
-            if self.mem:
-                return self.mem[0].start
-            return self.offered_upto
+            head = self.head
+            if head is not None and not head.durable and head.batch.epoch == self.epoch:
+                upto = head.batch.start
+            elif self.mem:
+                upto = self.mem[0].start
+            else:
+                upto = self.offered_upto
+            return upto if self._lost_from is None else min(upto, self._lost_from)
 
     def settled(self) -> bool:
         """Nothing left to do now: everything delivered, or everything durable while the sink is failing."""
         with self.cv:
-            if not self.mem and self.inflight is None and (self.spool is None or not self.spool.has_data()):
+            if self._empty_locked():
                 return True
-            return self.spool is not None and self.sender.sleeping and not self.mem and self.inflight_pos is not None
+            return (
+                self.spool is not None
+                and self.sender.sleeping
+                and not self.mem
+                and self.head is not None
+                and self.head.durable
+            )
+
+    def memory_lines(self) -> int:
+        """Lines waiting in memory only (not on disk): lost if the process dies now."""
+        with self.cv:
+            head = self.head
+            return sum(len(b) for b in self.mem) + (len(head.batch) if head is not None and not head.durable else 0)
 
     def shutdown(self) -> None:
-        """At the deadline: spool what is left (without a spool, count it as dropped)."""
+        """At the deadline: spool what is left (without a spool, or beyond what it takes, count it as dropped).
+
+        Never waits for the sink thread: a send still going on is counted as lost unless it has a copy
+        on disk (the thread undoes that if the send makes it after all)."""
         with self.cv:
-            self.closing = True
-            if self.spool is not None:
-                self._spill_locked()
-            else:
-                lost = sum(len(b) for b in self.mem) + (len(self.inflight) if self.inflight is not None else 0)
-                if lost:
-                    log.error(
-                        "%s: %d lines not delivered before the deadline and no spool: lost", self.sink.describe(), lost
-                    )
-                self.dropped += sum(len(b) for b in self.mem)
-                self.mem.clear()
-                self.mem_bytes = 0
+            self.mode = Mode.CLOSING
+            self._spill_locked()
+            lost = [*self.mem]
+            head = self.head
+            if head is not None and not head.durable and not head.given_up:
+                head.given_up = True
+                lost.append(head.batch)
+            if lost:
+                log.error(
+                    "%s: %d lines not delivered before the deadline and %s: lost",
+                    self.sink.describe(),
+                    sum(len(b) for b in lost),
+                    "no spool" if self.spool is None else "the spool could not take them",
+                )
+            for b in lost:
+                self._lose(b)
+            self.mem.clear()
+            self.mem_bytes = 0
             self.cv.notify_all()

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from gpulse.lineprotocol.limits import INT64_MAX, INT64_MIN, MAX_CACHED_FIELDS_PER_SERIES, MAX_CACHED_SERIES
 from gpulse.schema import MEASUREMENTS, Measurement
 
 PRECISIONS = ("ns", "us", "ms", "s")
 _NS_PER = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _KEY_SPECIALS = frozenset(",= ")
 # InfluxDB unescapes "\=" in measurement names too, though "=" itself needs no escape there.
 _MEASUREMENT_SPECIALS = frozenset(", =")
@@ -143,7 +143,7 @@ class Encoder:
         key = (measurement, tuple(sorted((k, str(v)) for k, v in tags.items() if v is not None)))
         s = self._series.get(key)
         if s is None:
-            if len(self._series) > 100_000:  # bounded: a runaway tag value must not grow memory forever
+            if len(self._series) > MAX_CACHED_SERIES:  # bounded: a runaway tag value must not grow memory forever
                 self._series.clear()
             s = self._series[key] = Series(MEASUREMENTS.get(measurement), measurement, tags)
         return s
@@ -174,10 +174,10 @@ class Encoder:
                     if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
                         append(keq + repr(value))
                         continue
-                elif tv is int and _INT_MIN <= value <= _INT_MAX:  # NVML hands out ints
+                elif tv is int and INT64_MIN <= value <= INT64_MAX:  # NVML hands out ints
                     append(f"{keq}{value}.0")
                     continue
-            elif t == "i" and type(value) is int and _INT_MIN <= value <= _INT_MAX:
+            elif t == "i" and type(value) is int and INT64_MIN <= value <= INT64_MAX:
                 append(f"{keq}{value}i")
                 continue
             if value is not None:
@@ -205,7 +205,7 @@ class Encoder:
                         self.nonfinite_dropped += 1
                         return None
                     value = int(fv)
-                if _INT_MIN <= value <= _INT_MAX:
+                if INT64_MIN <= value <= INT64_MAX:
                     return f"{value}i"
                 self.bad_values_dropped += 1
                 return None
@@ -228,21 +228,13 @@ class Encoder:
             self.unknown_fields_dropped += 1
             return None
         spec = (escape_key(name) + "=", t[0])
-        if len(series.specs) < 1024:
+        if len(series.specs) < MAX_CACHED_FIELDS_PER_SERIES:
             series.specs[name] = spec
         return spec
 
     def encode(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts_ns: int) -> str | None:
         """Convenience for cold paths: one point, no series reuse by the caller."""
         return self.line(self.series(measurement, tags), fields, ts_ns)
-
-    def encode_many(self, points: Iterable[tuple[str, Mapping[str, str], Mapping[str, Any], int]]) -> list[str]:
-        out = []
-        for m, tags, fields, ts in points:
-            line = self.encode(m, tags, fields, ts)
-            if line is not None:
-                out.append(line)
-        return out
 
     def stats(self) -> dict[str, int]:
         return {

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulse.lineprotocol.limits import INT64_MAX, INT64_MIN
+
 FieldValue = float | int | bool | str
 
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _FLOAT = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _INT = re.compile(r"[+-]?\d+")
 _TRUE = frozenset(("t", "T", "true", "True", "TRUE"))
@@ -81,7 +82,7 @@ def _scalar(raw: str, key: str) -> FieldValue:
         raise LineError(f"field {key!r} has no value")
     if raw[-1] == "i" and _INT.fullmatch(raw[:-1]):
         v = int(raw[:-1])
-        if not _INT_MIN <= v <= _INT_MAX:
+        if not INT64_MIN <= v <= INT64_MAX:
             raise LineError(f"field {key!r}: integer out of range")
         return v
     if raw[-1] == "u" and _INT.fullmatch(raw[:-1]):
@@ -152,7 +153,7 @@ def parse_line(line: str) -> Point:
         if not _INT.fullmatch(raw_ts):
             raise LineError(f"invalid timestamp {raw_ts[:40]!r}")
         ts = int(raw_ts)
-        if not _INT_MIN <= ts <= _INT_MAX:
+        if not INT64_MIN <= ts <= INT64_MAX:
             raise LineError("timestamp out of range")
     return Point(measurement, tags, fields, ts)
 

@@ -46,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--max-lines", type=int, metavar="N", help="lines per write request at most (default 5000)")
     d.add_argument("--max-bytes", metavar="N", help="bytes per write request at most, e.g. 4MiB (default)")
+    d.add_argument(
+        "--replay-spool-to-new-destination",
+        action="store_true",
+        default=None,
+        help="replay data spooled for another destination (URL, API, org/bucket, database) into this one; "
+        "without it, such a spool is kept aside and logged",
+    )
     d.add_argument("--record", metavar="FILE", help="also append the line protocol to FILE (only FILE without --url)")
     d.add_argument(
         "--shutdown-timeout",

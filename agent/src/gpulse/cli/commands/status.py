@@ -92,7 +92,18 @@ def render(status: dict[str, Any]) -> str:
         f"{status.get('lines_replayed') or 0} replayed, {status.get('lines_dropped') or 0} dropped, "
         f"{status.get('lines_rejected') or 0} rejected; {status.get('lines_per_s', 0):.0f} lines/s"
     )
-    lines.append(f"Spool: {human_bytes(status.get('spool_bytes') or 0)} in {status.get('spool_dir')}")
+    damaged = status.get("spool_damaged_lines") or 0
+    damage = (
+        f"; damage found at replay: {damaged} lines lost ({human_bytes(status.get('spool_damaged_bytes') or 0)})"
+        if damaged or status.get("spool_damaged_bytes")
+        else ""
+    )
+    lines.append(f"Spool: {human_bytes(status.get('spool_bytes') or 0)} in {status.get('spool_dir')}{damage}")
+    for held in status.get("spool_held") or []:
+        lines.append(
+            f"Spool kept, not replayed: {held.get('lines')} lines in {held.get('path')} meant for "
+            f"{held.get('destination')} (restart the agent with --replay-spool-to-new-destination to send them here)"
+        )
     last = status.get("last_write_unix")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last)) if last else "never"
     lines.append(f"Last successful write: {when} ({human_age(status.get('last_write_age_s'))})")
