@@ -100,18 +100,21 @@ class RawHTTPServer:
             sock.close()
 
 
-def head(status: str = "200 OK", length: int | None = None, extra: str = "") -> bytes:
-    lines = [f"HTTP/1.1 {status}", "X-Influxdb-Version: 1.6.7~rc0", "X-Influxdb-Build: OSS"]
+def head(status: str = "200 OK", length: int | None = None, extra: str = "", *, influxdb: bool = True) -> bytes:
+    """A status line and headers; ``influxdb`` adds the version headers every InfluxDB 1.6.7 answer has."""
+    lines = [f"HTTP/1.1 {status}"]
+    if influxdb:
+        lines += ["X-Influxdb-Version: 1.6.7~rc0", "X-Influxdb-Build: OSS"]
     if length is not None:
         lines.append(f"Content-Length: {length}")
     return ("\r\n".join(lines) + "\r\n" + extra + "\r\n").encode()
 
 
-def respond(status: str = "204 No Content", body: bytes = b"", extra: str = ""):
+def respond(status: str = "204 No Content", body: bytes = b"", extra: str = "", *, influxdb: bool = True):
     """A well-formed answer (keeps the connection)."""
 
     def behave(sock: socket.socket, req: RawRequest, server: RawHTTPServer) -> bool:
-        server.send(sock, head(status, len(body), extra) + body)
+        server.send(sock, head(status, len(body), extra, influxdb=influxdb) + body)
         return True
 
     return behave

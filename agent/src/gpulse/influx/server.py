@@ -60,7 +60,7 @@ _VERSION = re.compile(r"v?(\d+)\.(\d+)")
 @dataclass(frozen=True)
 class ServerInfo:
     url: str
-    version: str  # as the server spells it, without a leading "v" ("1.6.7~rc0", "2.9.1", "dev")
+    version: str  # as the server spells it ("1.6.7~rc0", "v2.9.1", "dev")
     build: str  # "OSS", "ENT", "Cloud"...
     #: the ``Date`` header of the answer (the server's clock, to the second), if it sent one
     date: str | None = None
@@ -68,7 +68,7 @@ class ServerInfo:
     @property
     def api(self) -> str:
         """The API generation this server speaks natively: ``v1`` for InfluxDB 1.x, else ``v2``."""
-        return "v1" if self.version.startswith("1.") else "v2"
+        return "v1" if self.version.lstrip("v").startswith("1.") else "v2"
 
     def serves(self, api: str, *, admin: bool = False) -> bool:
         """Whether ``--api api`` can work here: natively, or (not for setup's ``admin`` calls) through
@@ -116,7 +116,7 @@ def probe(url: str, *, timeout_s: float = 10.0, verify_tls: bool = True) -> Serv
                 "check --url (InfluxDB listens on port 8086 by default)",
             )
         )
-    return ServerInfo(url, version.lstrip("v"), r.header("X-Influxdb-Build") or "", r.header("Date"))
+    return ServerInfo(url, version, r.header("X-Influxdb-Build") or "", r.header("Date"))
 
 
 def probe_connection(conn: Connection, *, admin: bool = False) -> ServerInfo:
