@@ -180,3 +180,27 @@ def test_the_real_influxdb_answers_through_it(influxdb_module):
         assert w.status == 204, w.message()
         q = client.call("GET", "/query", params={"db": "gpulse", "q": "SELECT v FROM http_test"})
     assert q["results"][0]["series"][0]["values"] == [["1970-01-01T00:00:00.000001Z", 1]]
+
+
+#: Modules still on influxdb-client, each moving onto gpulse.influx.http in its owner's branch
+#: (setup v2's admin calls; doctor's and agent --check's v2 bucket, org, DBRP and task lookups).
+PENDING_MIGRATION = {"gpulse.influx.setup.v2", "gpulse.cli.doctor", "gpulse.cli.agent_check"}
+
+
+def test_gpulse_speaks_http_through_one_client_and_not_influxdb_client():
+    """influxdb-client is no runtime dependency (it is in the test extra, for the benchmarks): no new module may import it."""
+    import ast
+    from pathlib import Path
+
+    import gpulse
+
+    root = Path(gpulse.__file__).parent
+    users = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            if any(n.split(".")[0] in ("influxdb_client", "urllib3") or n == "urllib.request" for n in names):
+                users.add(".".join(path.relative_to(root.parent).with_suffix("").parts))
+    assert users <= PENDING_MIGRATION, sorted(users - PENDING_MIGRATION)
