@@ -11,6 +11,7 @@ server managed to send, ``connections`` the connections it accepted.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable
@@ -51,10 +52,8 @@ class RawHTTPServer:
         with self._lock:
             socks = list(self._socks)
         for s in socks:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self._listener.close()
 
     def send(self, sock: socket.socket, data: bytes) -> None:

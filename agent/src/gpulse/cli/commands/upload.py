@@ -33,7 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="line-protocol recording(s) to push")
     parser.add_argument("--dry-run", action="store_true", help="only check the files; send nothing")
     parser.add_argument(
-        "--deadline", type=float, default=300.0, metavar="S", help="give up retrying after S seconds (default 300)"
+        "--deadline",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="retry connection failures, timeouts, 429 and 5xx answers for at most S seconds (default 300); "
+        "what will not get better (credentials, a missing database or retention policy) fails at once",
     )
     parser.add_argument("--dead-letter", metavar="FILE", help="append lines the server rejects here, with the reason")
     parser.add_argument("--config", metavar="FILE", help="TOML file with a [connection] table (env GPULSE_CONFIG)")
