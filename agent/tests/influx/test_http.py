@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import ssl
+import subprocess
 import threading
 import time
 
@@ -162,6 +164,35 @@ def test_credentials_in_a_url_are_refused_without_echoing_them(url):
     with pytest.raises(ValueError) as e:
         parse_url(url)
     assert "--token-file" in str(e.value) and "pw" not in str(e.value) and "token@" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def tls_server_context(tmp_path_factory) -> ssl.SSLContext:
+    """A self-signed certificate for 127.0.0.1 (openssl), loaded into a server context."""
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(d / "cert.pem", d / "key.pem")
+    return ctx
+
+
+def test_tls_is_verified_unless_told_not_to_and_the_deadline_holds_under_tls(tls_server_context):
+    with RawHTTPServer(respond(), tls=tls_server_context) as server:
+        with pytest.raises(TransportError) as e:
+            HttpClient(server.url).request("GET", "/ping")
+        assert e.value.failure is Failure.TLS and "CERTIFICATE_VERIFY_FAILED" in str(e.value)
+        with HttpClient(server.url, verify_tls=False) as client:
+            assert client.request("GET", "/ping").status == 204
+    with RawHTTPServer(trickle_body(0.2), tls=tls_server_context) as server:
+        t0 = time.monotonic()
+        with pytest.raises(TransportError) as e:
+            HttpClient(server.url, timeout_s=1.0, verify_tls=False).request("GET", "/ping")
+        assert time.monotonic() - t0 < 2.5
+    assert e.value.failure is Failure.TIMEOUT
 
 
 def test_the_real_influxdb_answers_through_it(influxdb_module):
