@@ -223,6 +223,7 @@ def test_an_outage_is_retried_until_the_deadline_said_up_front_and_then_given_up
     assert "(--deadline 2 s)" in lines[0]
     retries = [x for x in lines if "retrying in" in x]
     assert retries and all("HTTP 503: overloaded" in x and "(deadline 2 s)" in x for x in retries)
+    assert "would come after the deadline" in lines[len(retries) + 1]  # no pointless wait for the deadline
     assert "gpulse upload: gave up at the deadline (--deadline 2 s) while retrying: HTTP 503: overloaded" in res.stderr
     assert "Run the same command again" in res.stderr and "4 not delivered" in res.stdout
 
@@ -258,7 +259,7 @@ def test_a_large_upload_shows_a_progress_bar_on_a_terminal(tmp_path: Path, clean
     frames = screen.decode().split("\r")
     bars = [x for x in frames if x.startswith("gpulse upload: [")]
     assert len(bars) >= 2, screen
-    assert "of 20,001 lines sent" in bars[0] and bars[-1].startswith("gpulse upload: [########################] 20,001")
+    assert "of 20,001 lines" in bars[0] and bars[-1].startswith("gpulse upload: [########################] 20,001")
 
 
 def test_progress_in_a_log_is_one_line_every_ten_seconds_and_nothing_for_short_work():
@@ -268,17 +269,17 @@ def test_progress_in_a_log_is_one_line_every_ten_seconds_and_nothing_for_short_w
 
     now = [0.0]
     out = io.StringIO()
-    p = Progress(1000, "lines sent", label="gpulse upload", stream=out, tty=False, clock=lambda: now[0])
+    p = Progress(1000, "lines", label="gpulse upload", stream=out, tty=False, clock=lambda: now[0])
     for t, done in ((0.5, 100), (1.5, 200), (5.0, 300), (11.0, 600), (12.0, 700), (21.6, 1000)):
         now[0] = t
         p.update(done)
     p.finish()
     assert out.getvalue().splitlines() == [  # from 1 s on, then 10 s apart; the result line follows the work
-        "gpulse upload: 200 of 1,000 lines sent (20%), 133/s, about 6 s left",
-        "gpulse upload: 700 of 1,000 lines sent (70%), 58/s, about 5 s left",
+        "gpulse upload: 200 of 1,000 lines (20%), 133/s, about 6 s left",
+        "gpulse upload: 700 of 1,000 lines (70%), 58/s, about 5 s left",
     ]
     quiet = io.StringIO()
-    short = Progress(10, "lines sent", stream=quiet, tty=True, clock=lambda: 0.5)
+    short = Progress(10, "lines", stream=quiet, tty=True, clock=lambda: 0.5)
     short.update(10)
     short.finish()
     assert quiet.getvalue() == ""

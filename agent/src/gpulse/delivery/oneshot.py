@@ -70,6 +70,7 @@ def deliver_batches(
     lazily, one batch at a time, so a large file needs little memory."""
     stop = threading.Event()
     timer = threading.Timer(deadline_s, stop.set) if deadline_s is not None else None
+    ends = time.monotonic() + deadline_s if deadline_s is not None else None
     until = time.strftime("%H:%M:%S", time.localtime(time.time() + deadline_s)) if deadline_s is not None else None
     if timer is not None:
         timer.daemon = True
@@ -84,6 +85,15 @@ def deliver_batches(
             out.error = f"{sink.describe()}: {error.describe()}; nothing was sent"
         if out.error is not None:
             log.error("%s", out.error)
+            stop.set()
+        elif ends is not None and time.monotonic() + delay >= ends:  # no time left for another try
+            log.warning(
+                "%s: %s; the next try (in %.1f s) would come after the deadline (%s): giving up",
+                sink.describe(),
+                out.last_error,
+                delay,
+                until,
+            )
             stop.set()
         elif until is not None:
             log.warning(

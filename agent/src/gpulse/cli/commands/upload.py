@@ -128,11 +128,12 @@ def run(args: argparse.Namespace) -> int:
         f"{deadline} (--deadline {args.deadline:g} s)",
         file=sys.stderr,
     )
-    bar = Progress(total, "lines sent", label="gpulse upload")
+    bar = Progress(total, "lines", label="gpulse upload")
 
     def progress(res: DeliveryResult) -> None:
-        bar.update(res.done + len(checked.bad))
         checked.stop = res.error is not None or res.gave_up
+        if not checked.stop:  # lines sent (or rejected by the server), and invalid lines skipped
+            bar.update(res.written + res.rejected + len(checked.bad))
 
     try:
         res = deliver_batches(
