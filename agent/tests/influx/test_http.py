@@ -65,6 +65,13 @@ def test_a_huge_answer_is_read_up_to_the_cap_and_its_connection_dropped():
         r.json()
 
 
+def test_a_json_answer_larger_than_asked_for_is_an_error_not_a_half_document():
+    with RawHTTPServer(huge_body(10 * 1024 * 1024)) as server, HttpClient(server.url) as client:
+        with pytest.raises(TransportError) as e:
+            client.get_json("/api/v2/tasks", max_body=1024)
+    assert e.value.failure is Failure.BROKEN and "with more than 1024 bytes" in str(e.value)
+
+
 def test_close_from_another_thread_aborts_the_request_in_flight_at_once():
     with RawHTTPServer(silent) as server:
         client = HttpClient(server.url, timeout_s=30)
