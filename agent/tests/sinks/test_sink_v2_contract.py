@@ -2,9 +2,9 @@
 
 No InfluxDB 2 runs in CI, so ``support.fake_influx_v2.FakeInfluxV2`` stands in for it: a real
 HTTP server on 127.0.0.1 that checks the token, org, bucket, precision and gzip, parses lines,
-answers every documented code, and stores what it accepts. The client side is the real
-``influxdb-client`` synchronous write API. Each test asserts exactly how many lines end written,
-dead-lettered and spooled.
+answers every documented code, and stores what it accepts. The client side is gpulse's own sink on
+``gpulse.influx.http``; one test proves its request is the one InfluxData's own ``influxdb-client``
+sends for the same lines. Each test asserts exactly how many lines end written, dead-lettered and spooled.
 """
 
 from __future__ import annotations
@@ -71,6 +71,29 @@ def test_batches_arrive_in_order_gzipped_with_token_org_bucket_and_ns_precision(
     assert (s["lines_written"], s["lines_spooled"], s["lines_rejected"], s["lines_dropped"]) == (1200, 0, 0, 0)
     assert d.durable_upto == 1200
     assert s["last_write_unix"] is not None and s["write_latency_ms"] > 0
+
+
+def test_the_write_request_is_the_one_influxdatas_own_client_sends(fake):
+    """Same lines through gpulse's sink and through ``influxdb-client`` (the reference, in the test extra only):
+    the same endpoint, parameters, credentials, encoding and body, and nothing but one request each."""
+    from influxdb_client import InfluxDBClient, WritePrecision
+    from influxdb_client.client.write_api import SYNCHRONOUS
+
+    lines = [lp(i) for i in range(3)] + ['m,host=h\\ x s="é \\"q\\"" 7\n']
+    sink = InfluxV2Sink(fake.url, TOKEN, "gpulse", "gpulse")
+    sink.write(lines)
+    sink.close()
+    with InfluxDBClient(url=fake.url, token=TOKEN, org="gpulse", enable_gzip=True) as client:
+        client.write_api(write_options=SYNCHRONOUS).write(
+            bucket="gpulse", org="gpulse", record="".join(lines).encode(), write_precision=WritePrecision.NS
+        )
+    ours, theirs = fake.requests
+    assert ours.status == theirs.status == 204
+    assert ours.params == theirs.params == {"org": "gpulse", "bucket": "gpulse", "precision": "ns"}
+    for header in ("Authorization", "Content-Encoding", "Accept"):
+        assert ours.headers[header] == theirs.headers[header], header
+    assert ours.headers["Content-Type"].split(";")[0] == theirs.headers["Content-Type"] == "text/plain"
+    assert ours.gzip and fake.lines == lines + lines
 
 
 def test_batches_are_cut_by_bytes_and_by_the_flush_interval(fake, tmp_path):
