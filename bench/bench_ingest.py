@@ -3,8 +3,8 @@ several sending processes.
 
 The real ``gpulse agent`` runs pinned to CPU 0 (recording to a file, so no database limits it);
 sender processes pinned to the other core send ``train_step`` points packed into datagrams
-exactly as the training client packs them (``protocol.point`` + ``encode_batch`` under
-``MAX_DATAGRAM``), with blocking sends, so the kernel's backpressure paces them and nothing is
+exactly as the training client packs them (``protocol.Point``, ``fitting`` and ``encode_batch``
+under ``MAX_DATAGRAM``), with blocking sends, so the kernel's backpressure paces them and nothing is
 lost. The figure is records counted by the agent (``records_received`` via ``gpulse status``)
 divided by the time from the first send until the agent has counted them all. The baseline is
 the rate at which the same senders push the same datagrams into a socket whose reader only
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import islice
 from pathlib import Path
 
 from common import Table, scale
@@ -38,16 +39,12 @@ def _datagrams(sender: int, n: int) -> list[bytes]:
         fields = {"step": i, "step_time_s": 0.1, "data_wait_s": 0.01, "forward_s": 0.03, "backward_s": 0.05,
                   "optimizer_s": 0.01, "samples": 32, "tokens": 65536, "samples_per_s": 320.0,
                   "tokens_per_s": 655360.0, "log_loss": 1.5}  # fmt: skip
-        msgs.append(protocol.encode(protocol.point(i, "train_step", t0 + i * 1000, tags, fields)))
-    out, group, size = [], [], protocol.BATCH_OVERHEAD
-    for m in msgs:
-        if group and size + len(m) + 1 > protocol.MAX_DATAGRAM:
-            out.append(protocol.encode_batch(group))
-            group, size = [], protocol.BATCH_OVERHEAD
-        group.append(m)
-        size += len(m) + 1
-    if group:
-        out.append(protocol.encode_batch(group))
+        msgs.append(protocol.encode(protocol.Point("train_step", t0 + i * 1000, tags, fields, seq=i)))
+    out, i = [], 0
+    while i < len(msgs):
+        n = protocol.fitting(len(m) for m in islice(msgs, i, None))
+        out.append(msgs[i] if n == 1 else protocol.encode_batch(msgs[i : i + n]))
+        i += n
     return out
 
 

@@ -10,6 +10,7 @@ already stored in the shard, so the encoder coerces values to the declared type.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -70,9 +71,7 @@ class Measurement:
         f = self.by_name.get(name)
         if f is not None:
             return f.type
-        if self.open_fields and _OPEN_FIELD_CACHE.setdefault(
-            (self.open_fields, name), re.fullmatch(self.open_fields, name) is not None
-        ):
+        if self.open_fields and _is_open_field(self.open_fields, name):
             return "float"
         return None
 
@@ -81,7 +80,15 @@ class Measurement:
         return self.tags + self.optional_tags
 
 
-_OPEN_FIELD_CACHE: dict[tuple[str, str], bool] = {}
+#: Open-field answers remembered (least recently used forgotten first): a bound, since field
+#: names come from outside (training runs, uploaded files) and may all differ.
+OPEN_FIELD_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=OPEN_FIELD_CACHE_SIZE)
+def _is_open_field(pattern: str, name: str) -> bool:
+    return re.fullmatch(pattern, name) is not None
+
 
 GPU_TAGS = ("host", "gpu", "uuid", "model")
 TRAIN_TAGS = ("host", "run", "rank", "local_rank", "world_size")

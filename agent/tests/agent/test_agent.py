@@ -156,11 +156,11 @@ def test_a_registered_training_run_tags_its_gpus_until_it_unregisters(tmp_path: 
     try:
         wait_until(lambda: os.path.exists(sock_path), what="the agent socket")
         time.sleep(0.5)
-        s.sendto(protocol.encode(protocol.register(1, "run-42", "0", os.getpid(), [uuid])), sock_path)
+        s.sendto(protocol.encode(protocol.Register("run-42", "0", os.getpid(), (uuid,), seq=1)), sock_path)
         status = wait_until(lambda: query_status(sock_path)["runs"], what="the registration")
         assert status == {uuid: "run-42"}
         time.sleep(0.8)
-        s.sendto(protocol.encode(protocol.unregister(2, "run-42", "0", os.getpid())), sock_path)
+        s.sendto(protocol.encode(protocol.Unregister("run-42", "0", os.getpid(), seq=2)), sock_path)
         wait_until(lambda: not query_status(sock_path)["runs"], what="the unregistration")
         time.sleep(0.3)
     finally:

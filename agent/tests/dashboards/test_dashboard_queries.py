@@ -124,8 +124,8 @@ def _train(run: Any, uuid: str, ready: threading.Event, done: list[int]) -> None
 
     rank = run.rank
     ready.wait(10)
-    run._memory = MemoryProbe(_FakeTorch(rank), 0)  # the CUDA allocator a GPU run reads
-    run.client.submit(protocol.register(0, RUN_ID, str(rank), os.getpid(), [uuid]))  # what a CUDA run sends
+    run.steps.memory = MemoryProbe(_FakeTorch(rank), 0)  # the CUDA allocator a GPU run reads
+    run.client.submit(protocol.Register(RUN_ID, str(rank), os.getpid(), (uuid,)))  # what a CUDA run sends
     loader = run.wrap_loader(_batches())
     deadline = time.monotonic() + 6.0
     for i, _batch in enumerate(loader):

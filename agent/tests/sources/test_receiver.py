@@ -39,8 +39,8 @@ class FakeDelivery:
         return len(self.lines)
 
 
-def step_msg(seq: int, step: int, **fields) -> dict:
-    return protocol.point(seq, "train_step", time.time_ns(), TAGS, {"step": step, "step_time_s": 0.1, **fields})
+def step_msg(seq: int, step: int, **fields) -> protocol.Point:
+    return protocol.Point("train_step", time.time_ns(), TAGS, {"step": step, "step_time_s": 0.1, **fields}, seq)
 
 
 class Client:
@@ -52,7 +52,7 @@ class Client:
         self.sock.bind(protocol.client_address())
         self.sock.settimeout(3)
 
-    def send(self, *messages: dict) -> None:
+    def send(self, *messages: protocol.Message) -> None:
         data = [protocol.encode(m) for m in messages]
         self.sock.sendto(data[0] if len(data) == 1 else protocol.encode_batch(data), self.path)
 
@@ -110,7 +110,7 @@ def test_acks_wait_until_the_delivery_says_the_lines_are_durable(rx, delivery):
 
 def test_a_rejected_point_is_still_acknowledged_so_the_client_stops_resending_it(rx, delivery):
     c = Client(rx.path)
-    bad = protocol.point(7, "train_step", time.time_ns(), {"run": "r1"}, {"step": 1})  # no rank tags
+    bad = protocol.Point("train_step", time.time_ns(), {"run": "r1"}, {"step": 1}, seq=7)  # no rank tags
     c.send(bad)
     assert c.recv() == {"v": 1, "kind": "ack", "upto": 7, "host": "node1"}
     assert rx.stats()["rejected_by_cause"] == {"missing_tag": 1}
@@ -126,15 +126,15 @@ def test_malformed_input_is_counted_by_cause_logged_once_per_cause_and_never_sto
             c.send_raw(b"{not json")
             c.send_raw(b'{"v":1,"kind":"point","seq":1,"m":"train_step","ts":1,"fields":{"x":NaN}}')
             c.send_raw(b"x" * (protocol.MAX_DATAGRAM + 10))
-            c.send(protocol.point(1, "gpu", now, TAGS, {"util_gpu_pct": 5.0}))
-            c.send(protocol.point(1, "train_step", now, {**TAGS, "host": "evil"}, {"step": 1}))
-            c.send(protocol.point(1, "train_step", now, {**TAGS, "rank": "zero"}, {"step": 1}))
-            c.send(protocol.point(1, "train_step", now, {**TAGS, "x": "y" * 300}, {"step": 1}))
-            c.send(protocol.point(1, "train_step", now, {**TAGS, **{f"t{i}": "v" for i in range(9)}}, {"step": 1}))
-            c.send(protocol.point(1, "train_step", now - 40 * 86400 * 10**9, TAGS, {"step": 1}))
-            c.send(protocol.point(1, "train_step", now, TAGS, {"made_up": 1.0}))
-            c.send(protocol.point(1, "train_step", now, TAGS, {"step": "one"}))
-            c.send({"v": 1, "kind": "ack", "upto": 3})
+            c.send(protocol.Point("gpu", now, TAGS, {"util_gpu_pct": 5.0}, 1))
+            c.send(protocol.Point("train_step", now, {**TAGS, "host": "evil"}, {"step": 1}, 1))
+            c.send(protocol.Point("train_step", now, {**TAGS, "rank": "zero"}, {"step": 1}, 1))
+            c.send(protocol.Point("train_step", now, {**TAGS, "x": "y" * 300}, {"step": 1}, 1))
+            c.send(protocol.Point("train_step", now, {**TAGS, **{f"t{i}": "v" for i in range(9)}}, {"step": 1}, 1))
+            c.send(protocol.Point("train_step", now - 40 * 86400 * 10**9, TAGS, {"step": 1}, 1))
+            c.send(protocol.Point("train_step", now, TAGS, {"made_up": 1.0}, 1))
+            c.send(protocol.Point("train_step", now, TAGS, {"step": "one"}, 1))
+            c.send(protocol.Ack(3))
         c.send(step_msg(2, 5, made_up=1, config_text="x"))  # valid point; unknown fields dropped
         assert wait_for(lambda: len(delivery.lines) == 1)
     causes = rx.stats()["rejected_by_cause"]
@@ -219,13 +219,13 @@ def test_registered_gpus_map_to_the_run_until_unregistered_or_the_process_dies(r
     monkeypatch.setattr(receiver_mod, "LIVENESS_INTERVAL_S", 0.05)
     c = Client(rx.path)
     v0 = rx.runs_version
-    c.send(protocol.register(1, "r1", "0", os.getpid(), ["GPU-a", "GPU-b"]))
+    c.send(protocol.Register("r1", "0", os.getpid(), ("GPU-a", "GPU-b"), seq=1))
     assert wait_for(lambda: rx.gpu_runs() == {"GPU-a": "r1", "GPU-b": "r1"})
     assert rx.runs_version > v0 and rx.stats()["runs_registered"] == 1
-    c.send(protocol.unregister(2, "r1", "0", os.getpid()))
+    c.send(protocol.Unregister("r1", "0", os.getpid(), seq=2))
     assert wait_for(lambda: rx.gpu_runs() == {})
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    c.send(protocol.register(3, "r2", "1", child.pid, ["GPU-c"]))
+    c.send(protocol.Register("r2", "1", child.pid, ("GPU-c",), seq=3))
     assert wait_for(lambda: rx.gpu_runs() == {"GPU-c": "r2"})
     v1 = rx.runs_version
     child.kill()  # not reaped yet: a zombie counts as gone
@@ -236,7 +236,7 @@ def test_registered_gpus_map_to_the_run_until_unregistered_or_the_process_dies(r
 
 def test_a_status_request_is_answered_with_the_agent_snapshot(rx):
     c = Client(rx.path)
-    c.send(protocol.status_request())
+    c.send(protocol.StatusRequest())
     reply = c.recv()
     assert reply["kind"] == "status_reply"
     assert reply["status"]["gpus"] == 2

@@ -39,7 +39,7 @@ json_like = st.recursive(
 
 def _valid_point() -> dict:
     tags = {"run": "r", "rank": "0", "local_rank": "0", "world_size": "1"}
-    return protocol.point(1, "train_step", time.time_ns(), tags, {"step": 1, "step_time_s": 0.5})
+    return protocol.Point("train_step", time.time_ns(), tags, {"step": 1, "step_time_s": 0.5}, seq=1).wire()
 
 
 def mutated_messages():
@@ -52,7 +52,7 @@ def mutated_messages():
             lambda t: {**_valid_point(), t[0]: {**_valid_point()[t[0]], t[1]: t[2]}}
         ),
         st.tuples(st.sampled_from(["run", "rank", "pid", "uuids"]), json_like).map(
-            lambda kv: {**protocol.register(2, "r", "0", 1, ["GPU-1"]), kv[0]: kv[1]}
+            lambda kv: {**protocol.Register("r", "0", 1, ("GPU-1",), seq=2).wire(), kv[0]: kv[1]}
         ),
     )
 

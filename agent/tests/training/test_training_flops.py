@@ -8,8 +8,8 @@ import pytest
 import torch
 from training_support import recorded
 
+from gpulse.channel.protocol import RECORD_FILE
 from gpulse.training import Run
-from gpulse.training.client import RECORD_FILE
 from gpulse.training.flops import FORMULA_6N_ATTN, FORMULA_LORA, FlopsModel, from_model, lookup_peak, throughput
 
 

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 from training_support import Agent, recorded, wait_for
 
+from gpulse.channel.protocol import RECORD_FILE
 from gpulse.training import Run
-from gpulse.training.client import RECORD_FILE
 
 UUID = "6f1b1a2e-1c3d-4e5f-8a9b-0c1d2e3f4a5b"
 
@@ -121,7 +121,7 @@ class CudaScalar:
 
 def gpu_run(tmp_path: Path, gpu: FakeGPU, socket_path: str, **kw) -> Run:
     run = Run(name="gpu", output_dir=tmp_path, socket_path=socket_path, **kw)
-    run._attach_cuda(make_fake_torch(gpu), 0)
+    run.steps.attach_cuda(make_fake_torch(gpu), 0)
     return run
 
 
@@ -199,13 +199,13 @@ def test_steps_whose_events_never_complete_are_sent_without_gpu_times(tmp_path: 
 def test_the_event_pool_is_bounded(tmp_path: Path) -> None:
     gpu = FakeGPU()
     run = gpu_run(tmp_path, gpu, str(tmp_path / "none.sock"))
-    run._timer.capacity = 6  # room for one step's three phases
+    run.steps.timer.capacity = 6  # room for one step's three phases
     for _ in range(3):
         with run.step():
             for name in ("forward", "backward", "optimizer"):
                 with run.phase(name):
                     pass
-    assert gpu.recorded == 6 and run._timer.exhausted > 0
+    assert gpu.recorded == 6 and run.steps.timer.exhausted > 0
     gpu.finish_all()
     run.finish()
     steps = sorted(recorded(tmp_path / RECORD_FILE, "train_step"), key=lambda p: p.fields["step"])

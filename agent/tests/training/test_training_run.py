@@ -13,9 +13,8 @@ import pytest
 import torch
 from training_support import Agent, recorded, wait_for
 
-from gpulse.channel import protocol
+from gpulse.channel.protocol import RECORD_FILE
 from gpulse.training import Run
-from gpulse.training.client import RECORD_FILE
 
 STEPS = 6
 
@@ -290,22 +289,11 @@ def test_creating_a_run_does_not_import_torch(tmp_path: Path) -> None:
     assert out == ["False", "False"]
 
 
-def test_datagrams_are_packed_under_the_size_limit() -> None:
-    msgs = [
-        protocol.encode(protocol.point(i, "train_step", i, {"run": "r"}, {"step": i, "x": "y" * 900}))
-        for i in range(200)
-    ]
-    packed = protocol.pack(msgs)
-    assert len(packed) > 1 and all(len(d) <= protocol.MAX_DATAGRAM for d in packed)
-    decoded = [m for d in packed for m in protocol.decode(d)]
-    assert [m["seq"] for m in decoded] == list(range(200))
-
-
 def test_the_steps_kept_for_the_report_are_bounded_and_evenly_thinned(tmp_path: Path) -> None:
     run = Run(output_dir=tmp_path, socket_path=str(tmp_path / "none.sock"), max_report_steps=4, write_report=False)
     for _ in range(9):
         with run.step():
             pass
     run.finish()
-    assert [s["step"] for s in run._report.steps] == [1, 5, 9]
-    assert {s["run"] for s in run._report.steps} == {run.run_id}
+    assert [s["step"] for s in run.report.steps] == [1, 5, 9]
+    assert {s["run"] for s in run.report.steps} == {run.run_id}

@@ -1,8 +1,11 @@
-"""The wire format of the training channel (see ``docs/channel.md`` and ``docs/training.md``).
+"""The wire format of the training channel (``docs/channel.md``): typed messages, as both ends see them.
 
-Both sides import this module: the training client (``gpulse.training.client``) builds and
-sends messages with it, the agent's receiver (``gpulse.sources.training``) decodes them. It is
-stdlib-only so that importing the training library stays cheap.
+The training client (``gpulse.training.client``) builds :class:`Point`, :class:`Register` and
+:class:`Unregister` and encodes them here; ``gpulse status`` sends a :class:`StatusRequest`. The
+agent's receiver answers with :class:`Ack` and :class:`StatusReply`, which the clients decode here
+(:func:`decode_reply`). What the agent receives is checked once, in :mod:`gpulse.channel.validate`,
+which turns it back into these types. Standard library only, so that importing the training library
+stays cheap.
 
 A datagram is UTF-8 JSON: one message object, or ``{"v": 1, "batch": [msg, ...]}``. Every message
 carries ``"v"`` and ``"kind"``; ``point``, ``register`` and ``unregister`` also carry the sender's
@@ -27,11 +30,19 @@ KIND_UNREGISTER = "unregister"
 KIND_STATUS = "status"
 KIND_STATUS_REPLY = "status_reply"
 KIND_ACK = "ack"
-KINDS = (KIND_POINT, KIND_REGISTER, KIND_UNREGISTER, KIND_STATUS, KIND_STATUS_REPLY, KIND_ACK)
 #: Kinds the agent acknowledges (they carry ``seq``).
 SEQUENCED_KINDS = (KIND_POINT, KIND_REGISTER, KIND_UNREGISTER)
-#: Measurements a ``point`` may carry.
-POINT_MEASUREMENTS = ("train_step", "train_run", "train_event")
+#: Kinds only the agent sends; a client sending one is rejected.
+REPLY_KINDS = (KIND_ACK, KIND_STATUS_REPLY)
+
+#: Distinct open-field names (``log_*``, ``phase_*``) one run may send: a run logging thousands of
+#: distinct scalars is making a mistake. The client drops the values of further new names, and so
+#: does the agent (``too_many_open_fields``), whose memory this bounds.
+MAX_OPEN_FIELDS_PER_RUN = 1024
+
+#: File, in a run's output directory, where a client records the points no agent acknowledged
+#: (line protocol, :mod:`gpulse.channel.recording`; ``gpulse upload`` sends it later).
+RECORD_FILE = "gpulse-records.lp"
 
 #: Environment variable that points the client at the agent's socket.
 SOCKET_ENV = "GPULSE_SOCKET"
@@ -41,19 +52,12 @@ CLIENT_ADDRESS_PREFIX = "\0gpulse-"
 _SEPARATORS = (",", ":")
 
 
-class ProtocolError(ValueError):
-    """A datagram that is not a valid message; ``cause`` is a short stable name for counting."""
-
-    def __init__(self, cause: str, detail: str = "") -> None:
-        super().__init__(f"{cause}: {detail}" if detail else cause)
-        self.cause = cause
-
-
 # -- addresses --------------------------------------------------------------------------------------
 def default_socket_path(env: Mapping[str, str] | None = None) -> str:
     """``$XDG_RUNTIME_DIR/gpulse/agent.sock``, else ``/tmp/gpulse-<uid>/agent.sock``.
 
-    Per-user by construction: runs of different users never share a default socket.
+    Per-user by construction, and checked before use (:mod:`gpulse.channel.trust`): under ``/tmp``
+    another user may have created the directory first.
     """
     env = os.environ if env is None else env
     runtime = env.get("XDG_RUNTIME_DIR")
@@ -73,59 +77,139 @@ def client_address(pid: int | None = None) -> str:
     return f"{CLIENT_ADDRESS_PREFIX}{os.getpid() if pid is None else pid}-{os.urandom(6).hex()}"
 
 
-# -- message builders -------------------------------------------------------------------------------
-def point(seq: int, measurement: str, ts_ns: int, tags: Mapping[str, str], fields: Mapping[str, Any]) -> dict:
-    """A ``point``: one ``train_step`` / ``train_run`` / ``train_event`` with schema-named fields."""
-    return {
-        "v": PROTOCOL_VERSION,
-        "kind": KIND_POINT,
-        "seq": seq,
-        "m": measurement,
-        "ts": ts_ns,
-        "tags": dict(tags),
-        "fields": dict(fields),
-    }
+# -- messages ---------------------------------------------------------------------------------------
+class _Message:
+    """Slotted message types (not dataclasses: ``dataclasses`` would add ~13 ms to ``import gpulse.training``)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
+
+    __hash__ = None  # type: ignore[assignment]
 
 
-def register(seq: int, run: str, rank: str, pid: int, uuids: Iterable[str]) -> dict:
-    """``register``: while registered, the agent tags these GPUs' samples with ``run``."""
-    return {
-        "v": PROTOCOL_VERSION,
-        "kind": KIND_REGISTER,
-        "seq": seq,
-        "run": run,
-        "rank": str(rank),
-        "pid": pid,
-        "uuids": list(uuids),
-    }
+class Point(_Message):
+    """One ``train_step`` / ``train_run`` / ``train_event`` point with schema-named fields.
+
+    ``tags`` never include ``host`` (the agent adds its own). ``seq`` is assigned by the client
+    that sends it."""
+
+    __slots__ = ("fields", "measurement", "seq", "tags", "ts")
+
+    def __init__(
+        self, measurement: str, ts: int, tags: Mapping[str, str], fields: dict[str, Any], seq: int | None = None
+    ) -> None:
+        self.measurement = measurement
+        self.ts = ts
+        self.tags = tags
+        self.fields = fields
+        self.seq = seq
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "v": PROTOCOL_VERSION,
+            "kind": KIND_POINT,
+            "seq": self.seq,
+            "m": self.measurement,
+            "ts": self.ts,
+            "tags": self.tags,
+            "fields": self.fields,
+        }
 
 
-def unregister(seq: int, run: str, rank: str, pid: int) -> dict:
-    """``unregister``: the run no longer uses its GPUs (same shape as ``register``, no uuids)."""
-    return {"v": PROTOCOL_VERSION, "kind": KIND_UNREGISTER, "seq": seq, "run": run, "rank": str(rank), "pid": pid}
+class Register(_Message):
+    """While registered, the agent tags these GPUs' samples with ``run``."""
+
+    __slots__ = ("pid", "rank", "run", "seq", "uuids")
+
+    def __init__(self, run: str, rank: str, pid: int, uuids: tuple[str, ...], seq: int | None = None) -> None:
+        self.run = run
+        self.rank = rank
+        self.pid = pid
+        self.uuids = uuids
+        self.seq = seq
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "v": PROTOCOL_VERSION,
+            "kind": KIND_REGISTER,
+            "seq": self.seq,
+            "run": self.run,
+            "rank": self.rank,
+            "pid": self.pid,
+            "uuids": list(self.uuids),
+        }
 
 
-def status_request() -> dict:
-    return {"v": PROTOCOL_VERSION, "kind": KIND_STATUS}
+class Unregister(_Message):
+    """The run no longer uses its GPUs (the agent also notices when ``pid`` is gone)."""
+
+    __slots__ = ("pid", "rank", "run", "seq")
+
+    def __init__(self, run: str, rank: str, pid: int, seq: int | None = None) -> None:
+        self.run = run
+        self.rank = rank
+        self.pid = pid
+        self.seq = seq
+
+    def wire(self) -> dict[str, Any]:
+        return {"v": PROTOCOL_VERSION, "kind": KIND_UNREGISTER, "seq": self.seq, "run": self.run, "rank": self.rank, "pid": self.pid}  # fmt: skip
 
 
-def status_reply(status: Mapping[str, Any]) -> dict:
-    return {"v": PROTOCOL_VERSION, "kind": KIND_STATUS_REPLY, "status": dict(status)}
+class StatusRequest(_Message):
+    """Asks the agent for its snapshot (``gpulse status``); answered with a :class:`StatusReply`."""
+
+    __slots__ = ("seq",)
+
+    def __init__(self, seq: int | None = None) -> None:
+        self.seq = seq
+
+    def wire(self) -> dict[str, Any]:
+        return {"v": PROTOCOL_VERSION, "kind": KIND_STATUS}
 
 
-def ack(upto: int, host: str | None = None) -> dict:
-    """Everything up to ``seq`` ``upto`` is durable. ``host`` is the agent's host tag, so that a client
-    recording to its fallback file tags points exactly as the agent would (same series, no duplicates)."""
-    msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": KIND_ACK, "upto": upto}
-    if host:
-        msg["host"] = host
-    return msg
+class Ack(_Message):
+    """Everything from this client up to ``upto`` is durable (delivered, or fsynced by the agent).
+
+    ``host`` is the agent's host tag, so that a client recording to its fallback file tags points
+    exactly as the agent would (same series, no duplicates on upload)."""
+
+    __slots__ = ("host", "upto")
+
+    def __init__(self, upto: int, host: str | None = None) -> None:
+        self.upto = upto
+        self.host = host
+
+    def wire(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": KIND_ACK, "upto": self.upto}
+        if self.host:
+            msg["host"] = self.host
+        return msg
+
+
+class StatusReply(_Message):
+    """The agent's snapshot: GPUs, runs, lines/s, spool, last write (``gpulse status`` prints it)."""
+
+    __slots__ = ("status",)
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        self.status = status
+
+    def wire(self) -> dict[str, Any]:
+        return {"v": PROTOCOL_VERSION, "kind": KIND_STATUS_REPLY, "status": self.status}
+
+
+Message = Point | Register | Unregister | StatusRequest | Ack | StatusReply
 
 
 # -- encoding ---------------------------------------------------------------------------------------
-def encode(message: Mapping[str, Any]) -> bytes:
+def encode(message: Message) -> bytes:
     """One message as a datagram. Raises ``ValueError`` for NaN/Inf (the agent would reject them)."""
-    return json.dumps(message, separators=_SEPARATORS, ensure_ascii=False, allow_nan=False).encode()
+    return json.dumps(message.wire(), separators=_SEPARATORS, ensure_ascii=False, allow_nan=False).encode()
 
 
 def encode_batch(encoded: Iterable[bytes]) -> bytes:
@@ -137,75 +221,39 @@ def encode_batch(encoded: Iterable[bytes]) -> bytes:
 BATCH_OVERHEAD = len(encode_batch([]))
 
 
-def pack(encoded: Iterable[bytes], limit: int = MAX_DATAGRAM) -> list[bytes]:
-    """Group encoded messages, in order, into as few datagrams of at most ``limit`` bytes as possible.
+def fitting(sizes: Iterable[int], limit: int = MAX_DATAGRAM) -> int:
+    """How many encoded messages of these sizes, in order, one datagram of at most ``limit`` holds.
 
-    A lone message larger than ``limit`` is returned on its own (the sender decides what to do).
-    """
-    out: list[bytes] = []
-    group: list[bytes] = []
-    size = BATCH_OVERHEAD
-    for msg in encoded:
-        if group and size + len(msg) + 1 > limit:
-            out.append(group[0] if len(group) == 1 else encode_batch(group))
-            group, size = [], BATCH_OVERHEAD
-        group.append(msg)
-        size += len(msg) + 1
-    if group:
-        out.append(group[0] if len(group) == 1 else encode_batch(group))
-    return out
+    At least one: a lone message over the limit is the sender's to handle."""
+    n = 0
+    total = BATCH_OVERHEAD
+    for size in sizes:
+        if n and total + size + 1 > limit:
+            break
+        n += 1
+        total += size + 1
+    return n
 
 
-def _reject_constant(name: str) -> Any:
-    raise ProtocolError("nonfinite", name)
+#: Longest ``host`` an ack may carry (the schema's tag value limit).
+MAX_HOST_LEN = 256
 
 
-def decode(data: bytes) -> list[dict]:
-    """The messages of one datagram, unwrapped from a batch; raises :class:`ProtocolError`.
-
-    Checks only the envelope (size, UTF-8, JSON without NaN/Inf, version, kind); the receiver
-    validates each message's content against ``gpulse.schema``.
-    """
-    if len(data) > MAX_DATAGRAM:
-        raise ProtocolError("too_large", f"{len(data)} bytes > {MAX_DATAGRAM}")
+def decode_reply(data: bytes) -> Ack | StatusReply | None:
+    """An agent's reply (one message per datagram), or ``None`` when it is not one a client accepts."""
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProtocolError("not_utf8", str(exc)) from None
-    try:
-        obj = json.loads(text, parse_constant=_reject_constant)
-    except ProtocolError:
-        raise
-    except (ValueError, RecursionError) as exc:
-        raise ProtocolError("bad_json", str(exc)[:200]) from None
-    if not isinstance(obj, dict):
-        raise ProtocolError("not_object", type(obj).__name__)
-    if "batch" in obj:
-        _check_version(obj)
-        batch = obj["batch"]
-        if not isinstance(batch, list):
-            raise ProtocolError("bad_batch", "batch is not a list")
-        for msg in batch:
-            _check_message(msg)
-        return batch
-    _check_message(obj)
-    return [obj]
-
-
-def _check_version(obj: dict) -> None:
-    v = obj.get("v")
-    if type(v) is not int or v != PROTOCOL_VERSION:
-        raise ProtocolError("bad_version", repr(v)[:40])
-
-
-def _check_message(msg: Any) -> None:
-    if not isinstance(msg, dict):
-        raise ProtocolError("not_object", type(msg).__name__)
-    _check_version(msg)
+        msg = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(msg, dict) or msg.get("v") != PROTOCOL_VERSION or type(msg.get("v")) is not int:
+        return None
     kind = msg.get("kind")
-    if kind not in KINDS:
-        raise ProtocolError("bad_kind", repr(kind)[:40])
-    if kind in SEQUENCED_KINDS:
-        seq = msg.get("seq")
-        if type(seq) is not int or seq < 0:
-            raise ProtocolError("bad_seq", repr(seq)[:40])
+    if kind == KIND_ACK:
+        upto, host = msg.get("upto"), msg.get("host")
+        if type(upto) is not int or upto < 0:
+            return None
+        ok_host = type(host) is str and 0 < len(host) <= MAX_HOST_LEN
+        return Ack(upto, host if ok_host else None)
+    if kind == KIND_STATUS_REPLY and isinstance(msg.get("status"), dict):
+        return StatusReply(msg["status"])
+    return None

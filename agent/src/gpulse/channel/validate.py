@@ -1,23 +1,50 @@
-"""Validation of what arrives from outside: training-channel messages and recording-file lines.
+"""The agent's reading of the channel: one check of everything that arrives, into typed messages.
 
-Both come from processes the agent does not control, so nothing is trusted: every message is
-checked against :mod:`gpulse.schema` before it is encoded. A message that cannot be made valid is
-*rejected* with a cause (:class:`Rejected`); a single bad field value (NaN in a logged loss, a
-string too long) is *dropped* with a cause and the rest of the point kept, so one bad scalar never
-costs a training step.
+Datagrams come from processes the agent does not control, so nothing is trusted. :func:`unpack`
+opens the envelope (size, UTF-8, JSON, batch); :meth:`Validator.message` checks each message once,
+all of it (version, kind, seq, then its content against :mod:`gpulse.schema`), and returns a typed
+message: a :class:`CheckedPoint` ready to encode, or the :mod:`~gpulse.channel.protocol` type the
+client sent. A message that cannot be made valid is *rejected* with a cause (:class:`Rejected`); a
+single bad field value (NaN in a logged loss, a string too long) is *dropped* with a cause and the
+rest of the point kept, so one bad scalar never costs a training step.
+
+Memory is bounded whatever arrives (``docs/channel.md``, "Limits"): checked tag sets and the
+open-field names (``log_*``, ``phase_*``) of each run are remembered for at most :data:`MAX_RUNS`
+runs, :data:`MAX_TAG_SETS_PER_RUN` tag sets and :data:`MAX_OPEN_FIELDS_PER_RUN` names each; a run
+that logs more distinct names than that is making a mistake, and the names beyond are dropped and
+counted (``too_many_open_fields``).
+
+Also here: :func:`check_line_point`, the same schema rules for lines of a recording file
+(``gpulse upload``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpulse import schema
-from gpulse.lineprotocol.parse import Point
+from gpulse.channel.protocol import (
+    KIND_POINT,
+    KIND_REGISTER,
+    KIND_STATUS,
+    KIND_UNREGISTER,
+    MAX_DATAGRAM,
+    MAX_OPEN_FIELDS_PER_RUN,
+    PROTOCOL_VERSION,
+    REPLY_KINDS,
+    SEQUENCED_KINDS,
+    Register,
+    StatusRequest,
+    Unregister,
+)
+from gpulse.lineprotocol.encode import Series
+from gpulse.lineprotocol.parse import Point as LinePoint
 
 #: Measurements a training process may send over the channel.
 CHANNEL_MEASUREMENTS = ("train_step", "train_run", "train_event")
@@ -33,15 +60,24 @@ MAX_UUID_LEN = 128
 #: Accepted point timestamps: at most this far in the past / future of the agent's clock.
 PAST_WINDOW_NS = 30 * 86400 * 10**9
 FUTURE_WINDOW_NS = 300 * 10**9
+#: Runs whose tag sets and open-field names are remembered (least recently used forgotten first).
+MAX_RUNS = 64
+#: Checked tag sets remembered per run (one per rank on this node, usually).
+MAX_TAG_SETS_PER_RUN = 64
 
-#: Why a whole message is rejected (one counter and one log line each). Envelope problems (size,
-#: UTF-8, JSON, NaN/Inf constants, version, kind, seq) are found first by ``protocol.decode`` and
-#: counted under its ``ProtocolError.cause``; these are the causes found in a message's content.
+#: Why a whole message is rejected (one counter and one log line each): the datagram's envelope
+#: first, then the message. ``docs/channel.md`` lists them from here (a test keeps them equal).
 REJECT_CAUSES = {
+    "too_large": f"datagram larger than {MAX_DATAGRAM} bytes",
+    "not_utf8": "datagram is not UTF-8",
+    "bad_json": "datagram is not JSON",
+    "nonfinite": "NaN or Infinity in the JSON (not JSON, and never a valid value)",
+    "bad_batch": '"batch" is not a list',
     "not_object": "message is not a JSON object",
     "bad_version": 'missing or unsupported "v"',
-    "unexpected_kind": "a kind the agent does not accept from a client (ack, status_reply, unknown)",
-    "bad_seq": '"seq" is not a non-negative integer',
+    "bad_kind": '"kind" is not one the channel knows',
+    "unexpected_kind": "a kind only the agent sends (ack, status_reply)",
+    "bad_seq": '"seq" missing (point, register, unregister) or not a non-negative integer',
     "bad_measurement": '"m" is not train_step, train_run or train_event',
     "bad_ts": '"ts" is not an integer (Unix ns)',
     "ts_out_of_window": '"ts" is more than 30 days in the past or 5 minutes in the future',
@@ -49,11 +85,12 @@ REJECT_CAUSES = {
     "missing_tag": "a required tag (run, rank, local_rank, world_size) is missing",
     "bad_tag_key": "a tag name is not an identifier",
     "bad_tag_value": "a tag value is not a non-empty string, too long, or rank/world_size not a number",
-    "reserved_tag": "a tag name is reserved (host, time, _*, or a field name)",
+    "reserved_tag": "a tag name is reserved (host, time, or a field name)",
     "too_many_tags": "more user tags than the schema allows",
-    "bad_fields": '"fields" is not an object, or has too many entries',
+    "bad_fields": f'"fields" is not an object, or has more than {MAX_FIELDS} entries',
     "no_valid_fields": "no field value survived validation",
     "bad_register": "register/unregister without a valid run, rank, pid or uuids",
+    "too_many_registrations": "more live registrations than the agent keeps (see Limits)",
 }
 #: Why a single field value is dropped (the rest of the point is kept).
 DROP_CAUSES = {
@@ -61,169 +98,243 @@ DROP_CAUSES = {
     "type_mismatch": "value type incompatible with the declared field type",
     "nonfinite": "NaN or infinite number",
     "string_too_long": f"string longer than schema.MAX_STRING_LEN ({schema.MAX_STRING_LEN})",
+    "too_many_open_fields": f"a new log_*/phase_* name beyond the run's {MAX_OPEN_FIELDS_PER_RUN} distinct ones",
 }
 
 
 class Rejected(Exception):
-    """A message that cannot be accepted; ``cause`` is a key of :data:`REJECT_CAUSES`."""
+    """A message that cannot be accepted; ``cause`` is a key of :data:`REJECT_CAUSES`.
 
-    def __init__(self, cause: str, detail: str = "") -> None:
+    ``seq`` is the message's own, when it had a valid one: the agent acknowledges rejected messages
+    too, since sending them again would not make them valid."""
+
+    def __init__(self, cause: str, detail: str = "", seq: int | None = None) -> None:
         super().__init__(f"{cause}: {detail}" if detail else cause)
         self.cause = cause
         self.detail = detail
+        self.seq = seq
 
 
-@dataclass
-class PointMsg:
-    measurement: str
-    tags: dict[str, str]
+@dataclass(frozen=True, slots=True)
+class CheckedPoint:
+    """A point that passed every check: its series (tags with the agent's ``host``) and clean fields."""
+
+    series: Series
     fields: dict[str, Any]
     ts: int
     seq: int | None
-
-
-@dataclass
-class RegisterMsg:
-    kind: str  # "register" or "unregister"
     run: str
-    rank: str
-    pid: int
-    uuids: list[str]
-    seq: int | None
 
 
-@dataclass
-class StatusMsg:
-    seq: int | None = None
+Incoming = CheckedPoint | Register | Unregister | StatusRequest
 
 
-Message = PointMsg | RegisterMsg | StatusMsg
+# -- the envelope -----------------------------------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise Rejected("nonfinite", name)
 
 
-_MAX_KNOWN_FIELDS = 1024
-_MAX_TAG_SETS = 4096
+def unpack(data: bytes) -> list[Any]:
+    """The messages of one datagram, unchecked (:meth:`Validator.message` checks each); raises :class:`Rejected`."""
+    if len(data) > MAX_DATAGRAM:
+        raise Rejected("too_large", f"{len(data)} bytes > {MAX_DATAGRAM}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Rejected("not_utf8", str(exc)) from None
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except Rejected:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise Rejected("bad_json", str(exc)[:200]) from None
+    if isinstance(obj, dict) and "batch" in obj:
+        if not _is_version(obj.get("v")):
+            raise Rejected("bad_version", repr(obj.get("v"))[:40])
+        batch = obj["batch"]
+        if not isinstance(batch, list):
+            raise Rejected("bad_batch", type(batch).__name__)
+        return batch
+    return [obj]
 
 
-def _is_int(v: Any) -> bool:
-    return type(v) is int
+def _is_version(v: Any) -> bool:
+    return type(v) is int and v == PROTOCOL_VERSION
+
+
+# -- what the agent remembers per run ---------------------------------------------------------------
+@dataclass(slots=True)
+class _RunState:
+    #: (measurement, tag items) -> the checked tag set's series
+    tag_sets: OrderedDict[tuple[str, tuple[tuple[Any, Any], ...]], Series] = field(default_factory=OrderedDict)
+    open_names: set[str] = field(default_factory=set)
+    #: measurement -> one field-spec dict shared by the series of this run (open fields escaped once)
+    specs: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    over_budget: bool = False
 
 
 @dataclass
 class Validator:
-    """Checks decoded channel messages; counts dropped field values by cause in ``dropped``."""
+    """Checks channel messages for the agent on ``host``; counts dropped field values by cause in ``dropped``.
 
+    ``over_budget`` collects the runs that just exceeded :data:`MAX_OPEN_FIELDS_PER_RUN` (once per
+    run while it is remembered) for the receiver to name in its log."""
+
+    host: str
     past_window_ns: int = PAST_WINDOW_NS
     future_window_ns: int = FUTURE_WINDOW_NS
     dropped: Counter[str] = field(default_factory=Counter)
-    #: measurement -> field name -> type, declared fields plus open fields seen (bounded)
-    _types: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
-    #: (measurement, tag items) -> checked tags: the ranks of a run send the same tag set every step
-    _tag_cache: dict[tuple[str, tuple[tuple[Any, Any], ...]], dict[str, str]] = field(default_factory=dict, repr=False)
+    over_budget: list[str] = field(default_factory=list)
+    _runs: OrderedDict[str, _RunState] = field(default_factory=OrderedDict, repr=False)
+    #: measurement name -> declared field name -> type
+    _declared: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
 
-    def message(self, msg: Any, now_ns: int) -> Message:
+    def message(self, msg: Any, now_ns: int) -> Incoming:
+        """``msg`` (one element of :func:`unpack`) checked and typed; raises :class:`Rejected`."""
         if not isinstance(msg, dict):
-            raise Rejected("not_object")
-        if type(msg.get("v")) is not int or msg["v"] != 1:
-            raise Rejected("bad_version")
+            raise Rejected("not_object", type(msg).__name__)
+        if not _is_version(msg.get("v")):
+            raise Rejected("bad_version", repr(msg.get("v"))[:40])
         kind = msg.get("kind")
         seq = msg.get("seq")
-        if seq is not None and not (_is_int(seq) and 0 <= seq <= _INT_MAX):
-            raise Rejected("bad_seq")
-        if kind == "point":
-            return self._point(msg, seq, now_ns)
-        if kind in ("register", "unregister"):
-            return self._register(msg, kind, seq)
-        if kind == "status":
-            return StatusMsg(seq)
-        raise Rejected("unexpected_kind", repr(kind)[:40])
+        if seq is not None or kind in SEQUENCED_KINDS:
+            if not (type(seq) is int and 0 <= seq <= _INT_MAX):
+                raise Rejected("bad_seq", repr(seq)[:40])
+        try:
+            if kind == KIND_POINT:
+                return self._point(msg, seq, now_ns)
+            if kind == KIND_REGISTER or kind == KIND_UNREGISTER:
+                return _registration(msg, kind, seq)
+            if kind == KIND_STATUS:
+                return StatusRequest(seq)
+        except Rejected as exc:
+            exc.seq = seq
+            raise
+        if kind in REPLY_KINDS:
+            raise Rejected("unexpected_kind", repr(kind), seq)
+        raise Rejected("bad_kind", repr(kind)[:40], seq)
 
-    # -- points -----------------------------------------------------------------------------
-    def _point(self, msg: Mapping[str, Any], seq: int | None, now_ns: int) -> PointMsg:
+    # -- points -----------------------------------------------------------------------------------
+    def _point(self, msg: Mapping[str, Any], seq: int | None, now_ns: int) -> CheckedPoint:
         name = msg.get("m")
         if name not in CHANNEL_MEASUREMENTS:
             raise Rejected("bad_measurement", repr(name)[:40])
         m = schema.MEASUREMENTS[name]
         ts = msg.get("ts")
-        if not _is_int(ts):
+        if type(ts) is not int:
             raise Rejected("bad_ts")
         if not now_ns - self.past_window_ns <= ts <= now_ns + self.future_window_ns:
             raise Rejected("ts_out_of_window", f"{(ts - now_ns) / 1e9:+.0f} s from now")
-        tags = self._tags(m, msg.get("tags"))
+        run, state, series = self._series(m, msg.get("tags"))
         fields = msg.get("fields")
         if not isinstance(fields, dict) or len(fields) > MAX_FIELDS:
             raise Rejected("bad_fields")
-        clean = self.fields(m, fields)
+        clean = self._fields(m, fields, run, state)
         if not clean:
             raise Rejected("no_valid_fields")
-        return PointMsg(name, tags, clean, ts, seq)
+        return CheckedPoint(series, clean, ts, seq, run)
 
-    def fields(self, m: schema.Measurement, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def _series(self, m: schema.Measurement, tags: Any) -> tuple[str, _RunState, Series]:
+        """The run, its state and the series of a tag set: checked once, then remembered (bounded)."""
+        try:
+            run = tags["run"]
+            state = self._runs[run]
+            key = (m.name, tuple(tags.items()))
+            series = state.tag_sets[key]
+        except (KeyError, TypeError):  # unseen, or not a dict / unhashable: check_tags says why
+            return self._new_series(m, tags)
+        self._runs.move_to_end(run)
+        state.tag_sets.move_to_end(key)
+        return run, state, series
+
+    def _new_series(self, m: schema.Measurement, tags: Any) -> tuple[str, _RunState, Series]:
+        checked = check_tags(m, tags)
+        run = checked["run"]
+        state = self._runs.get(run)
+        if state is None:
+            if len(self._runs) >= MAX_RUNS:
+                self._runs.popitem(last=False)
+            state = self._runs[run] = _RunState()
+        else:
+            self._runs.move_to_end(run)
+        specs = state.specs.setdefault(m.name, {})
+        series = Series(m, m.name, {**checked, "host": self.host}, specs)
+        if all(type(v) is str for v in tags.values()):  # 1 == 1.0 == True: only exact strings are keys
+            if len(state.tag_sets) >= MAX_TAG_SETS_PER_RUN:
+                state.tag_sets.popitem(last=False)
+            state.tag_sets[(m.name, tuple(tags.items()))] = series
+        return run, state, series
+
+    def _fields(self, m: schema.Measurement, fields: Mapping[str, Any], run: str, state: _RunState) -> dict[str, Any]:
         """The field values that fit ``m``, coerced to their declared types; the rest counted in ``dropped``.
 
         Hot path (every training step of every rank): a finite ``float`` for a float field and an
         in-range ``int`` for an int field are accepted after one lookup; anything else goes
-        through :func:`check_value`."""
-        types = self._types.get(m.name)
+        through :func:`coerce`."""
+        types = self._declared.get(m.name)
         if types is None:
-            types = self._types[m.name] = {f.name: f.type for f in m.fields}
+            types = self._declared[m.name] = {f.name: f.type for f in m.fields}
         out: dict[str, Any] = {}
         for name, value in fields.items():
             t = types.get(name)
+            if t is None:
+                t = self._open_field(m, name, run, state)
+                if t is None:
+                    continue
             if t == "float":
                 if type(value) is float and value - value == 0.0:
                     out[name] = value
                     continue
-            elif t == "int":
-                if type(value) is int and _INT_MIN <= value <= _INT_MAX:
-                    out[name] = value
-                    continue
-            elif t is None and type(name) is str and len(types) < _MAX_KNOWN_FIELDS:
-                ft = m.field_type(name)  # an open field (log_*, phase_*) seen for the first time
-                if ft is not None:
-                    types[name] = ft
-            cause, v = check_value(m, name, value)
+            elif t == "int" and type(value) is int and _INT_MIN <= value <= _INT_MAX:
+                out[name] = value
+                continue
+            cause, v = coerce(t, value)
             if cause:
                 self.dropped[cause] += 1
             else:
                 out[name] = v
         return out
 
-    def _tags(self, m: schema.Measurement, tags: Any) -> dict[str, str]:
-        """:func:`check_tags`, remembered per distinct tag set (bounded; the result is never mutated)."""
-        try:
-            key = (m.name, tuple(tags.items()))
-            hit = self._tag_cache.get(key)
-        except (AttributeError, TypeError):  # not a dict, or unhashable values: check_tags says why
-            return check_tags(m, tags)
-        if hit is None:
-            hit = check_tags(m, tags)
-            if len(self._tag_cache) >= _MAX_TAG_SETS:
-                self._tag_cache.clear()
-            self._tag_cache[key] = hit
-        return hit
+    def _open_field(self, m: schema.Measurement, name: str, run: str, state: _RunState) -> str | None:
+        """``float`` for an open field (``log_*``, ``phase_*``) within the run's budget; else counted, ``None``."""
+        if m.open_fields is not None and name in state.open_names:
+            return "float"
+        if m.open_fields is None or m.field_type(name) is None:
+            self.dropped["unknown_field"] += 1
+            return None
+        if len(state.open_names) >= MAX_OPEN_FIELDS_PER_RUN:
+            self.dropped["too_many_open_fields"] += 1
+            if not state.over_budget:
+                state.over_budget = True
+                self.over_budget.append(run)
+            return None
+        state.open_names.add(name)
+        return "float"
 
-    # -- registration -----------------------------------------------------------------------
-    def _register(self, msg: Mapping[str, Any], kind: str, seq: int | None) -> RegisterMsg:
-        run, rank, pid = msg.get("run"), msg.get("rank"), msg.get("pid")
-        if _is_int(rank):
-            rank = str(rank)
-        if not (
-            isinstance(run, str)
-            and 0 < len(run) <= schema.MAX_TAG_VALUE_LEN
-            and isinstance(rank, str)
-            and _DIGITS.fullmatch(rank)
-            and _is_int(pid)
-            and 0 < pid < 2**31
-        ):
-            raise Rejected("bad_register")
-        uuids = msg.get("uuids") or []
-        if kind == "register" and not (
-            isinstance(uuids, list)
-            and len(uuids) <= MAX_UUIDS
-            and all(isinstance(u, str) and 0 < len(u) <= MAX_UUID_LEN and u.isprintable() for u in uuids)
-        ):
-            raise Rejected("bad_register", "uuids")
-        return RegisterMsg(kind, run, rank, pid, list(uuids) if kind == "register" else [], seq)
+
+def _registration(msg: Mapping[str, Any], kind: str, seq: int | None) -> Register | Unregister:
+    run, rank, pid = msg.get("run"), msg.get("rank"), msg.get("pid")
+    if type(rank) is int:
+        rank = str(rank)
+    if not (
+        isinstance(run, str)
+        and 0 < len(run) <= schema.MAX_TAG_VALUE_LEN
+        and isinstance(rank, str)
+        and _DIGITS.fullmatch(rank)
+        and type(pid) is int
+        and 0 < pid < 2**31
+    ):
+        raise Rejected("bad_register")
+    if kind == KIND_UNREGISTER:
+        return Unregister(run, rank, pid, seq)
+    uuids = msg.get("uuids") or []
+    if not (
+        isinstance(uuids, list)
+        and len(uuids) <= MAX_UUIDS
+        and all(isinstance(u, str) and 0 < len(u) <= MAX_UUID_LEN and u.isprintable() for u in uuids)
+    ):
+        raise Rejected("bad_register", "uuids")
+    return Register(run, rank, pid, tuple(uuids), seq)
 
 
 def check_tags(m: schema.Measurement, tags: Any) -> dict[str, str]:
@@ -237,7 +348,7 @@ def check_tags(m: schema.Measurement, tags: Any) -> dict[str, str]:
             raise Rejected("bad_tag_key", repr(key)[:40])
         if key in ("host", "time") or key in m.by_name:
             raise Rejected("reserved_tag", key)
-        if _is_int(value):
+        if type(value) is int:
             value = str(value)
         if not isinstance(value, str) or not value or len(value) > schema.MAX_TAG_VALUE_LEN:
             raise Rejected("bad_tag_value", key)
@@ -254,19 +365,16 @@ def check_tags(m: schema.Measurement, tags: Any) -> dict[str, str]:
     return out
 
 
-def check_value(m: schema.Measurement, name: Any, value: Any) -> tuple[str | None, Any]:
-    """``(None, coerced value)`` when ``value`` fits field ``name`` of ``m``, else ``(drop cause, None)``."""
-    t = m.field_type(name) if isinstance(name, str) else None
-    if t is None:
-        return "unknown_field", None
+def coerce(t: str, value: Any) -> tuple[str | None, Any]:
+    """``(None, value as field type t)`` when it fits, else ``(drop cause, None)``."""
     if t == "float":
         if type(value) is float:
             return (None, value) if math.isfinite(value) else ("nonfinite", None)
-        if _is_int(value):
+        if type(value) is int:
             return (None, float(value)) if abs(value) < 2**1023 else ("nonfinite", None)
         return "type_mismatch", None
     if t == "int":
-        if _is_int(value):
+        if type(value) is int:
             return (None, value) if _INT_MIN <= value <= _INT_MAX else ("type_mismatch", None)
         if type(value) is float:
             if not math.isfinite(value):
@@ -281,7 +389,7 @@ def check_value(m: schema.Measurement, name: Any, value: Any) -> tuple[str | Non
     return (None, value) if type(value) is bool else ("type_mismatch", None)
 
 
-def check_line_point(p: Point) -> str | None:
+def check_line_point(p: LinePoint) -> str | None:
     """Why a parsed recording line must not be uploaded, or ``None`` when it is fine.
 
     Line types must equal the schema's (InfluxDB refuses a field whose type differs from the one

@@ -97,11 +97,20 @@ def normalize_string(s: str) -> str:
 
 
 class Series:
-    """A precomputed measurement + tag set; reuse it for every point of that series."""
+    """A precomputed measurement + tag set; reuse it for every point of that series.
+
+    ``specs`` may be shared between series of one measurement (the training channel shares one per
+    run), so that open fields are escaped and remembered once for all of them, not once per tag set."""
 
     __slots__ = ("measurement", "prefix", "schema", "specs")
 
-    def __init__(self, schema: Measurement | None, measurement: str, tags: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        schema: Measurement | None,
+        measurement: str,
+        tags: Mapping[str, str],
+        specs: dict[str, tuple[str, str]] | None = None,
+    ) -> None:
         self.schema = schema
         self.measurement = measurement
         parts = [escape_measurement(measurement)]
@@ -115,8 +124,8 @@ class Series:
             parts.append(f"{escape_key(k)}={escape_key(v)}")
         self.prefix = ",".join(parts)
         # field name -> ("escaped_key=", type code 'f'/'i'/'b'/'s'); open fields are added on first use
-        self.specs: dict[str, tuple[str, str]] = {}
-        if schema is not None:
+        self.specs: dict[str, tuple[str, str]] = {} if specs is None else specs
+        if schema is not None and not self.specs:
             for f in schema.fields:
                 self.specs[f.name] = (escape_key(f.name) + "=", f.type[0])
 

@@ -1,10 +1,12 @@
 """The agent's end of the training channel: a thread reading datagrams from a Unix socket.
 
 Training processes (``gpulse.training``) send ``point`` / ``register`` / ``unregister`` / ``status``
-messages (``gpulse.channel.protocol``). Each message is validated (:mod:`gpulse.channel.validate`), valid
-points are tagged with ``host``, encoded and handed to ``submit`` — the same delivery path as the
-GPU samples — and each client gets ``ack`` messages once its points are durable, so it can forget
-them. Malformed input is counted by cause, logged once per cause, and never stops the thread.
+messages (``gpulse.channel.protocol``). Each message is checked once (:mod:`gpulse.channel.validate`,
+which hands back typed messages; a point comes with its series, tagged with ``host``), valid points
+are encoded and handed to ``submit`` — the same delivery path as the GPU samples — and each client
+gets ``ack`` messages once its points are durable, so it can forget them. Malformed input is counted
+by cause, logged once per cause, and never stops the thread. What a client can make the agent
+remember is bounded (``docs/channel.md``, "Limits").
 
 Who may write: the socket lives in a directory the agent creates 0700 (0750 with a group) and is
 itself 0600 (0660), and Linux checks write permission on the socket file for every sender, so
@@ -28,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulse.channel import protocol
-from gpulse.channel.validate import PointMsg, RegisterMsg, Rejected, StatusMsg, Validator
-from gpulse.lineprotocol.encode import Encoder, Series
+from gpulse.channel.validate import MAX_OPEN_FIELDS_PER_RUN, CheckedPoint, Rejected, Validator, unpack
+from gpulse.lineprotocol.encode import Encoder
 
 log = logging.getLogger("gpulse.training_channel")
 
@@ -44,6 +46,8 @@ CLIENT_IDLE_S = 120.0
 MAX_CLIENTS = 1024
 #: (seq, ticket) pairs remembered per client; beyond it the newest pairs are merged (acks are cumulative).
 MAX_PENDING = 4096
+#: Live registrations (run, rank, pid) kept; more are rejected (``too_many_registrations``).
+MAX_REGISTRATIONS = 4096
 
 
 @dataclass
@@ -56,14 +60,6 @@ class _Client:
     #: a submit of this client's points failed: acks are cumulative, so none may be sent any more
     #: (the client records its unacknowledged points to its file; duplicates are harmless)
     broken: bool = False
-
-
-@dataclass(frozen=True)
-class _Registration:
-    run: str
-    rank: str
-    pid: int
-    uuids: tuple[str, ...]
 
 
 class TrainingReceiver:
@@ -92,16 +88,14 @@ class TrainingReceiver:
                 durable = lambda: owner.durable_upto  # noqa: E731
         self._durable = durable
         self._now_ns = now_ns
-        self._validator = Validator()
+        self._validator = Validator(host)
         self._encoder = Encoder()
-        #: (measurement, id of a checked tag dict) -> (that dict, its Series with host): see _encode
-        self._series: dict[tuple[str, int], tuple[dict[str, str], Series]] = {}
         self._sock: socket.socket | None = None
         self._inode: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._clients: dict[Any, _Client] = {}
-        self._registrations: dict[tuple[str, str, int], _Registration] = {}
+        self._registrations: dict[tuple[str, str, int], protocol.Register] = {}
         self._gpu_runs: dict[str, str] = {}
         self.runs_version = 0
         self._max_ticket = 0
@@ -222,12 +216,12 @@ class TrainingReceiver:
                 time.sleep(0.05)
 
     def handle_datagram(self, data: bytes, addr: Any = None) -> None:
-        """Validate and act on one datagram; never raises. Public so tests can drive it directly."""
+        """Check and act on one datagram; never raises. Public so tests can drive it directly."""
         try:
-            messages = protocol.decode(data)
-        except protocol.ProtocolError as e:
+            messages = unpack(data)
+        except Rejected as e:
             self.records_received += 1
-            self._reject(e.cause, str(e).partition(": ")[2])
+            self._reject(e.cause, e.detail)
             return
         except Exception as e:
             self.records_received += 1
@@ -242,21 +236,22 @@ class TrainingReceiver:
                 msg = self._validator.message(raw, now_ns)
             except Rejected as e:
                 self._reject(e.cause, e.detail)
-                seq = raw.get("seq") if isinstance(raw, dict) else None
-                if type(seq) is int and seq >= 0:
-                    max_seq = max(max_seq, seq)  # acked too: resending it would not make it valid
+                if e.seq is not None:
+                    max_seq = max(max_seq, e.seq)  # acked too: resending it would not make it valid
+                continue
+            if type(msg) is CheckedPoint:
+                line = self._encoder.line(msg.series, msg.fields, msg.ts)
+                if line is not None:
+                    lines.append(line)
+            elif type(msg) is protocol.StatusRequest:
+                self._reply_status(addr)
+            elif not self._register(msg):
+                if msg.seq is not None:
+                    max_seq = max(max_seq, msg.seq)  # rejected, and acked like any rejected message
                 continue
             self.records_accepted += 1
             if msg.seq is not None:
                 max_seq = max(max_seq, msg.seq)
-            if isinstance(msg, PointMsg):
-                line = self._encode(msg)
-                if line is not None:
-                    lines.append(line)
-            elif isinstance(msg, RegisterMsg):
-                self._register(msg)
-            elif isinstance(msg, StatusMsg):
-                self._reply_status(addr)
         self._note_dropped_values()
         client = self._client(addr) if addr else None
         ticket = client.last_ticket if client else self._max_ticket
@@ -279,15 +274,6 @@ class TrainingReceiver:
                 client.pending.append((max(seq0, max_seq), max(ticket0, ticket)))
             else:
                 client.pending.append((max_seq, ticket))
-
-    def _encode(self, msg: PointMsg) -> str | None:
-        key = (msg.measurement, id(msg.tags))  # the validator hands out one dict per distinct tag set
-        hit = self._series.get(key)
-        if hit is None or hit[0] is not msg.tags:
-            if len(self._series) >= 4096:
-                self._series.clear()
-            hit = self._series[key] = (msg.tags, self._encoder.series(msg.measurement, {**msg.tags, "host": self.host}))
-        return self._encoder.line(hit[1], msg.fields, msg.ts)
 
     def _client(self, addr: Any) -> _Client:
         c = self._clients.get(addr)
@@ -324,7 +310,7 @@ class TrainingReceiver:
             if upto <= c.acked:
                 continue
             c.last_ack = now
-            if self._send(addr, protocol.ack(upto, self.host)):
+            if self._send(addr, protocol.Ack(upto, self.host)):
                 c.acked = upto
                 self.acks_sent += 1
             else:
@@ -332,7 +318,7 @@ class TrainingReceiver:
         for addr in gone:
             self._clients.pop(addr, None)
 
-    def _send(self, addr: Any, message: dict[str, Any]) -> bool:
+    def _send(self, addr: Any, message: protocol.Ack | protocol.StatusReply) -> bool:
         """Send to a client without blocking; ``False`` when the client is gone (its address is unbound)."""
         if self._sock is None:
             return False
@@ -356,23 +342,28 @@ class TrainingReceiver:
             return
         try:
             snapshot = self._status() if self._status else {}
-            reply = protocol.status_reply({**snapshot, "training_channel": self.stats()})
+            reply = protocol.StatusReply({**snapshot, "training_channel": self.stats()})
             if len(protocol.encode(reply)) > protocol.MAX_DATAGRAM:
-                reply = protocol.status_reply({"error": "status too large for one datagram"})
+                reply = protocol.StatusReply({"error": "status too large for one datagram"})
         except Exception as e:
             self._count_once("status_failed", repr(e))
-            reply = protocol.status_reply({"error": f"status unavailable: {type(e).__name__}"})
+            reply = protocol.StatusReply({"error": f"status unavailable: {type(e).__name__}"})
         if self._send(addr, reply):
             self.status_replies += 1
 
     # -- registrations ----------------------------------------------------------------------------
-    def _register(self, msg: RegisterMsg) -> None:
+    def _register(self, msg: protocol.Register | protocol.Unregister) -> bool:
+        """Apply a (un)registration; ``False`` (rejected, counted) when the agent keeps enough already."""
         key = (msg.run, msg.rank, msg.pid)
-        if msg.kind == "register":
-            self._registrations[key] = _Registration(msg.run, msg.rank, msg.pid, tuple(msg.uuids))
-        else:
+        if type(msg) is protocol.Unregister:
             self._registrations.pop(key, None)
+        elif key in self._registrations or len(self._registrations) < MAX_REGISTRATIONS:
+            self._registrations[key] = msg
+        else:
+            self._reject("too_many_registrations", f"{len(self._registrations)} live registrations")
+            return False
         self._rebuild_gpu_runs()
+        return True
 
     def _check_liveness(self) -> None:
         dead = [k for k, r in self._registrations.items() if not pid_alive(r.pid)]
@@ -408,6 +399,14 @@ class TrainingReceiver:
             if key not in self._logged:
                 self._logged.add(key)
                 log.warning("training channel: dropped a field value (%s); further ones are only counted", cause)
+        over = self._validator.over_budget
+        while over:
+            log.warning(
+                "training channel: run %s sends more than %d distinct log_*/phase_* fields, which is a mistake: "
+                "values of further new names are dropped (counted as values_dropped_by_cause.too_many_open_fields)",
+                over.pop(),
+                MAX_OPEN_FIELDS_PER_RUN,
+            )
 
     def _count_once(self, what: str, detail: str) -> None:
         if what not in self._logged:

@@ -1,24 +1,27 @@
-"""The training side of the channel: send messages to the node's agent, or record them to a file.
+"""The training side of the channel: hand messages to the node's agent, or record them to a file.
 
-Used only from the run's background thread (never from the training loop), so it needs no
-locks. Every send is non-blocking; every message waits in a bounded buffer until the agent
-acknowledges it. When the agent is absent, does not acknowledge within ``ack_timeout``, or the
-buffer would overflow, unacknowledged ``point`` messages are appended as line protocol to the
-recording file, so nothing is lost (duplicates with what the agent wrote are harmless: same
-series and timestamp overwrite on upload).
+Used only from the run's worker thread (never from the training loop), so it needs no locks.
+Every send is non-blocking; every message waits in a bounded buffer until the agent acknowledges
+it. Messages go only to an agent socket the user can trust (:mod:`gpulse.channel.trust`), and
+only acknowledgements from that agent's user count (:mod:`gpulse.channel.endpoint`). When the
+agent is absent, not trusted, does not acknowledge within ``ack_timeout``, or the buffer would
+overflow, unacknowledged points are appended to the recording file
+(:mod:`gpulse.channel.recording`), so nothing is lost (duplicates with what the agent wrote are
+harmless: same series and timestamp overwrite on upload).
 """
 
 from __future__ import annotations
 
 import errno
-import os
-import select
 import socket
 import time
 from collections import deque
+from itertools import islice
 from typing import Any
 
 from gpulse.channel import protocol
+from gpulse.channel.endpoint import AgentEndpoint
+from gpulse.channel.trust import UntrustedSocket
 from gpulse.training.errors import Guard
 
 #: Send errors that mean "try again later" (the agent's queue is full).
@@ -26,13 +29,13 @@ _RETRY_LATER = {errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.EINTR}
 #: Send errors that mean "no agent there".
 _AGENT_ABSENT = {errno.ENOENT, errno.ECONNREFUSED, errno.ENOTCONN, errno.ENOTDIR, errno.EACCES, errno.EPERM}
 
-RECORD_FILE = "gpulse-records.lp"
+Outgoing = protocol.Point | protocol.Register | protocol.Unregister
 
 
 class _Entry:
     __slots__ = ("data", "msg", "seq", "t")
 
-    def __init__(self, seq: int, data: bytes, msg: dict, t: float) -> None:
+    def __init__(self, seq: int, data: bytes, msg: Outgoing, t: float) -> None:
         self.seq = seq
         self.data = data
         self.msg = msg
@@ -40,7 +43,7 @@ class _Entry:
 
 
 class Client:
-    """Reliable-enough delivery of channel messages: agent first, recording file as the fallback."""
+    """Reliable-enough delivery of channel messages: a trusted agent first, the recording file as the fallback."""
 
     def __init__(
         self,
@@ -52,6 +55,7 @@ class Client:
         max_unacked_bytes: int = 8 << 20,
         retry_interval: float = 1.0,
         guard: Guard | None = None,
+        socket_group: str | None = None,
     ) -> None:
         self.path = path
         self.record_path = record_path
@@ -74,23 +78,13 @@ class Client:
         self.recorded = 0
         self.dropped = 0
         self.datagrams = 0
-        self._encoder: Any = None
         self._host = socket.gethostname()
-        self._record_fd: int | None = None
-        self._real_path: str | None = None
-        self.sock: socket.socket | None = None
+        self._recorder: Any = None
+        self.endpoint: AgentEndpoint | None = None
         try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            sock.setblocking(False)
-            sock.bind(protocol.client_address())
-            self.sock = sock
-        except OSError as exc:  # no abstract sockets (not Linux): send without replies, record on timeout
-            self.guard.report("socket_bind", exc)
-            try:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                self.sock.setblocking(False)
-            except OSError as exc2:
-                self.guard.report("socket_create", exc2)
+            self.endpoint = AgentEndpoint(path, socket_group)
+        except OSError as exc:  # no abstract sockets (not Linux): everything is recorded
+            self.guard.report("socket_bind", exc, f"recording to {record_path}")
 
     # -- queueing -----------------------------------------------------------------------------------
     @property
@@ -98,18 +92,17 @@ class Client:
         """Messages not yet acknowledged (unsent + in flight)."""
         return len(self._unsent) + len(self._inflight)
 
-    def submit(self, msg: dict) -> None:
+    def submit(self, msg: Outgoing) -> None:
         """Queue one message (its ``seq`` is assigned here) for the next :meth:`pump`."""
-        if msg.get("kind") in protocol.SEQUENCED_KINDS:
-            self._seq += 1
-            msg["seq"] = self._seq
+        self._seq += 1
+        msg.seq = self._seq
         try:
             data = protocol.encode(msg)
         except (TypeError, ValueError) as exc:
             self.guard.report("encode", exc)
             self.dropped += 1
             return
-        entry = _Entry(msg.get("seq", 0), data, msg, time.monotonic())
+        entry = _Entry(self._seq, data, msg, time.monotonic())
         if len(data) > protocol.MAX_DATAGRAM:
             self.guard.report("oversize_message", detail=f"{len(data)} bytes; recorded to file")
             self._record([entry])
@@ -140,20 +133,27 @@ class Client:
         self._expire(now)
 
     def _send_unsent(self, now: float) -> None:
-        sock = self.sock
-        if sock is None:
+        endpoint = self.endpoint
+        if endpoint is None:
+            self._record_all()
             return
         while self._unsent:
-            group: list[_Entry] = []
-            size = protocol.BATCH_OVERHEAD
-            for entry in self._unsent:
-                if group and size + len(entry.data) + 1 > protocol.MAX_DATAGRAM:
-                    break
-                group.append(entry)
-                size += len(entry.data) + 1
+            group = list(islice(self._unsent, protocol.fitting(len(e.data) for e in self._unsent)))
             data = group[0].data if len(group) == 1 else protocol.encode_batch(e.data for e in group)
             try:
-                sock.sendto(data, socket.MSG_DONTWAIT, self.path)
+                endpoint.send(data)
+            except UntrustedSocket as exc:
+                self.guard.report(
+                    "untrusted_socket",
+                    detail=f"{exc}: not sending this run's data there; recording to {self.record_path} "
+                    f"instead. Fix: {exc.fix}",
+                )
+                self._give_up_sending(now)
+                return
+            except KeyError as exc:  # the trusted group names no group on this machine
+                self.guard.report("socket_group", detail=f"no group {exc}; recording to {self.record_path}")
+                self._give_up_sending(now)
+                return
             except OSError as exc:
                 if exc.errno in _RETRY_LATER:
                     self._retry_at = now + 0.05
@@ -171,6 +171,20 @@ class Client:
                 self._inflight.append(entry)
             self.sent += len(group)
 
+    def _give_up_sending(self, now: float) -> None:
+        """Record everything now (no agent to wait for), and look again after ``retry_interval``."""
+        self.agent_absent = True
+        self._retry_at = now + self.retry_interval
+        self._record_all()
+
+    def _record_all(self) -> None:
+        rest = list(self._inflight) + list(self._unsent)
+        self._inflight.clear()
+        self._unsent.clear()
+        self._bytes = 0
+        if rest:
+            self._record(rest)
+
     def _expire(self, now: float) -> None:
         limit = now - self.ack_timeout
         spill: list[_Entry] = []
@@ -187,43 +201,23 @@ class Client:
             self._record(spill)
 
     def read_acks(self) -> None:
-        sock = self.sock
-        if sock is None:
+        endpoint = self.endpoint
+        if endpoint is None:
             return
-        while True:
-            try:
-                data, addr = sock.recvfrom(65536)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                self.guard.report("recv", exc)
-                return
-            if not self._from_agent(addr):  # abstract sockets have no permissions: accept only our agent
-                self.guard.report("foreign_datagram", detail=repr(addr)[:80])
-                continue
-            try:
-                messages = protocol.decode(data)
-            except protocol.ProtocolError as exc:
-                self.guard.report(f"bad_reply_{exc.cause}", exc)
-                continue
-            for msg in messages:
-                if msg.get("kind") != protocol.KIND_ACK:
-                    continue
-                host = msg.get("host")
-                if type(host) is str and host and len(host) <= 256:
-                    self._host = host  # the agent's host tag: recorded points must match its series
-                upto = msg.get("upto")
-                if type(upto) is int:
-                    self._ack(upto)
-
-    def _from_agent(self, addr: Any) -> bool:
-        if addr == self.path:
-            return True
-        if not isinstance(addr, str) or not addr or addr.startswith("\0"):
-            return False
-        if self._real_path is None:
-            self._real_path = os.path.realpath(self.path)
-        return os.path.realpath(addr) == self._real_path
+        foreign = endpoint.foreign
+        try:
+            for data in endpoint.receive():
+                reply = protocol.decode_reply(data)
+                if type(reply) is protocol.Ack:
+                    if reply.host:
+                        self._host = reply.host  # the agent's host tag: recorded points must match its series
+                    self._ack(reply.upto)
+                elif reply is None:
+                    self.guard.report("bad_reply", detail=repr(data[:80]))
+        except OSError as exc:
+            self.guard.report("recv", exc)
+        if endpoint.foreign > foreign:
+            self.guard.report("foreign_datagram", detail="a datagram not from the agent's user was ignored")
 
     def _ack(self, upto: int) -> None:
         self.last_ack = time.monotonic()
@@ -237,13 +231,10 @@ class Client:
 
     def wait_readable(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, waking early when the agent replies."""
-        if self.sock is None:
+        if self.endpoint is None:
             time.sleep(timeout)
-            return
-        try:
-            select.select([self.sock], [], [], timeout)
-        except (OSError, ValueError):
-            time.sleep(timeout)
+        else:
+            self.endpoint.wait_readable(timeout)
 
     def close(self, wait: float = 2.0) -> None:
         """Send what is left, wait up to ``wait`` s for acks (not when the agent is absent), record the rest."""
@@ -256,51 +247,27 @@ class Client:
             if not self.pending or self.agent_absent or now >= deadline:
                 break
             self.wait_readable(min(0.05, max(deadline - now, 0.0)))
-        rest = list(self._inflight) + list(self._unsent)
-        self._inflight.clear()
-        self._unsent.clear()
-        self._bytes = 0
-        if rest:
-            self._record(rest)
-        if self._record_fd is not None:
+        self._record_all()
+        if self._recorder is not None:
             try:
-                os.fsync(self._record_fd)
-                os.close(self._record_fd)
+                self._recorder.close()
             except OSError as exc:
                 self.guard.report("record_close", exc)
-            self._record_fd = None
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
 
     # -- the recording file -------------------------------------------------------------------------
     def _record(self, entries: list[_Entry]) -> None:
-        points = [e.msg for e in entries if e.msg.get("kind") == protocol.KIND_POINT]
+        points = [e.msg for e in entries if type(e.msg) is protocol.Point]
         if not points:
             return
         try:
-            if self._encoder is None:
-                from gpulse.lineprotocol.encode import Encoder  # only now: the happy path never needs the encoder
+            if self._recorder is None:
+                from gpulse.channel.recording import Recorder  # only now: the happy path never needs the encoder
 
-                self._encoder = Encoder()
-            enc = self._encoder
-            lines = []
-            for msg in points:
-                tags = dict(msg["tags"])
-                tags["host"] = self._host
-                line = enc.line(enc.series(msg["m"], tags), msg["fields"], msg["ts"])
-                if line is not None:
-                    lines.append(line)
-            if self._record_fd is None:
-                directory = os.path.dirname(self.record_path)
-                if directory:
-                    os.makedirs(directory, exist_ok=True)
-                self._record_fd = os.open(self.record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            # one write per flush: O_APPEND keeps ranks sharing an output dir from interleaving lines
-            data = memoryview("".join(lines).encode())
-            while data:
-                data = data[os.write(self._record_fd, data) :]
-            self.recorded += len(lines)
+                self._recorder = Recorder(self.record_path)
+            self.recorded += self._recorder.write(points, self._host)
         except Exception as exc:
             self.dropped += len(points)
             self.guard.report("record_write", exc)

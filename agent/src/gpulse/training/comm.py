@@ -69,7 +69,7 @@ class _CudaSpan:
         self.last: Any = None
 
     def begin(self) -> None:
-        timer = self.run._timer
+        timer = self.run.steps.timer
         if timer is None:
             return
         with self.lock:
@@ -77,7 +77,7 @@ class _CudaSpan:
                 self.first = timer.record()
 
     def end(self) -> None:
-        timer = self.run._timer
+        timer = self.run.steps.timer
         if timer is None:
             return
         ev = timer.record()
@@ -90,11 +90,11 @@ class _CudaSpan:
         with self.lock:
             first, last = self.first, self.last
             self.first = self.last = None
-        pairs = self.run._pairs
+        pairs = self.run.steps.pairs
         if first is not None and last is not None and pairs is not None:
             pairs.append((COMM_PHASE, first, last))
-        elif self.run._timer is not None:
-            self.run._timer.release(first, last)
+        else:
+            self.run.steps.cuda.release(first, last)
 
 
 def attach_ddp(run: Any, ddp_model: Any, hook: Any = None, state: Any = None) -> bool:
@@ -147,4 +147,4 @@ def _attach(run: Any, ddp_model: Any, hook: Any, state: Any) -> None:
     # DDP checks the hook's annotations as objects (this module's are strings under PEP 563)
     timed_hook.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
     ddp_model.register_comm_hook(state, timed_hook)
-    run._step_end_hooks.append(span.close_step if cuda else host.close_step)
+    run.steps.on_step_end(span.close_step if cuda else host.close_step)

@@ -1,9 +1,11 @@
-"""Who this process is in its job: rank, local rank, world size, and the run id all ranks share.
+"""Who this process is in its job: rank, local rank, world size, the run id all ranks share, the tags.
 
 The run id must be identical on every rank of every node without a collective on the training
 path: an explicit id, else one the launcher already put in the environment (``GPULSE_RUN_ID``,
 ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``), else one rank 0 generates and shares through the
-process group's key-value store (and exports as ``GPULSE_RUN_ID`` for child processes).
+process group's key-value store (and exports as ``GPULSE_RUN_ID`` for child processes). Every point
+of the run carries its tags: up to :data:`MAX_USER_TAGS` of the user's, then ``run``, ``rank``,
+``local_rank`` and ``world_size``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from typing import Any
 
 from gpulse.training.errors import Guard
 
+MAX_USER_TAGS = 8
+RESERVED_TAGS = ("host", "run", "rank", "local_rank", "world_size")
+#: Longest tag value (the schema's limit; the agent rejects longer ones).
+MAX_TAG_VALUE = 256
+_TAG_KEY = r"[A-Za-z0-9_.\-]{1,64}"  # a pattern string: ``re`` compiles it on first use
+
 _runs_created = 0
+#: The id this process generated and exported for its previous run (not to be reused by the next one).
+_exported_run_id: str | None = None
 
 
 def _env_int(env: Mapping[str, str], *names: str) -> int | None:
@@ -93,3 +103,37 @@ def share_run_id(dist: Any, rank: int, candidate: str, guard: Guard, timeout_s: 
     except Exception as exc:
         guard.report("run_id_share", exc, "using a rank-local run id")
         return candidate
+
+
+def resolve_run_id(explicit: str | None, name: str, rank: int, world_size: int, guard: Guard) -> str:
+    """The run id: explicit, else from the launcher's environment, else generated (and shared by rank 0)."""
+    global _exported_run_id
+    rid = explicit or env_run_id()
+    if rid and rid != _exported_run_id:  # an id this process exported belongs to its previous run
+        return str(rid)[:MAX_TAG_VALUE]
+    rid = generate_run_id(name)
+    dist = initialized_dist()
+    if dist is not None and world_size > 1:
+        rid = share_run_id(dist, rank, rid, guard)
+    os.environ["GPULSE_RUN_ID"] = _exported_run_id = rid  # processes started from here join this run
+    return rid
+
+
+def run_tags(
+    user: Mapping[str, Any] | None, run_id: str, rank: int, local_rank: int, world_size: int, guard: Guard
+) -> dict[str, str]:
+    """The tags of every point of the run: the user's (checked, at most :data:`MAX_USER_TAGS`), then the identity."""
+    tags = {}
+    for key, value in (user or {}).items():
+        key = str(key)
+        if key in RESERVED_TAGS or not re.fullmatch(_TAG_KEY, key):
+            guard.report("bad_tag", detail=f"tag {key!r} is reserved or not [A-Za-z0-9_.-]{{1,64}}; dropped")
+            continue
+        if len(tags) >= MAX_USER_TAGS:
+            guard.report("too_many_tags", detail=f"at most {MAX_USER_TAGS} user tags; {key!r} dropped")
+            continue
+        text = str(value)[:MAX_TAG_VALUE]
+        if text:
+            tags[key] = text
+    tags.update(run=run_id, rank=str(rank), local_rank=str(local_rank), world_size=str(world_size))
+    return tags

@@ -1,15 +1,17 @@
 """``gpulse status``: ask the running agent for its own view, over its training-channel socket.
 
-Sends ``{"v":1,"kind":"status"}`` from a Linux abstract address (so the agent can answer without
-a file being created) and prints the ``status_reply``: GPUs, registered runs, lines/s, spool,
-last successful write. ``--json`` prints the raw snapshot for scripts.
+Sends a ``status`` request from a Linux abstract address (so the agent can answer without a file
+being created) and prints the ``status_reply``: GPUs, registered runs, lines/s, spool, last
+successful write. ``--json`` prints the raw snapshot for scripts. It asks only an agent socket the
+user can trust (the user's, root's, or one of ``--socket-group``: :mod:`gpulse.channel.trust`) and
+believes only a reply from that socket's owner (:mod:`gpulse.channel.endpoint`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
+import os
 import sys
 import time
 from typing import Any
@@ -19,23 +21,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--socket", metavar="PATH", help="the agent's socket (default: $GPULSE_SOCKET, else the agent default)"
     )
+    parser.add_argument(
+        "--socket-group",
+        metavar="GROUP",
+        help="also trust a socket of this group (the agent's --socket-group; default: $GPULSE_SOCKET_GROUP)",
+    )
     parser.add_argument("--json", action="store_true", help="print the agent's snapshot as JSON")
     parser.add_argument("--timeout", type=float, default=2.0, metavar="S", help="wait at most S seconds (default 2)")
 
 
 class AgentUnreachable(Exception):
-    """No agent answers on the socket; the message says why."""
+    """No agent answers on the socket (or none that may be trusted); the message says why, ``fix`` what to do."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
-def query_status(path: str, timeout: float = 2.0) -> dict[str, Any]:
+def query_status(path: str, timeout: float = 2.0, group: str | None = None) -> dict[str, Any]:
     """The agent's status snapshot, or :class:`AgentUnreachable`."""
     from gpulse.channel import protocol
+    from gpulse.channel.endpoint import AgentEndpoint
+    from gpulse.channel.trust import UntrustedSocket
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    endpoint = AgentEndpoint(path, group)
     try:
-        sock.bind(protocol.client_address())
         try:
-            sock.sendto(protocol.encode(protocol.status_request()), path)
+            endpoint.send(protocol.encode(protocol.StatusRequest()))
+        except UntrustedSocket as e:
+            raise AgentUnreachable(f"{e}: not asking it", e.fix) from None
+        except KeyError:
+            raise AgentUnreachable(f"--socket-group {group!r}: no such group on this machine") from None
         except FileNotFoundError:
             raise AgentUnreachable(
                 f"no agent socket at {path}: is 'gpulse agent' running (without --no-socket)?"
@@ -48,21 +64,14 @@ def query_status(path: str, timeout: float = 2.0) -> dict[str, Any]:
             ) from None
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
-            sock.settimeout(left)
-            try:
-                data = sock.recv(protocol.MAX_DATAGRAM + 1024)
-            except TimeoutError:
-                break
-            try:
-                messages = protocol.decode(data)
-            except protocol.ProtocolError:
-                continue
-            for msg in messages:
-                if msg.get("kind") == protocol.KIND_STATUS_REPLY and isinstance(msg.get("status"), dict):
-                    return msg["status"]
+            endpoint.wait_readable(left)
+            for data in endpoint.receive():
+                reply = protocol.decode_reply(data)
+                if type(reply) is protocol.StatusReply:
+                    return reply.status
         raise AgentUnreachable(f"the agent on {path} did not answer within {timeout:g}s")
     finally:
-        sock.close()
+        endpoint.close()
 
 
 def render(status: dict[str, Any]) -> str:
@@ -117,12 +126,13 @@ def render(status: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from gpulse.channel.protocol import client_socket_path
+    from gpulse.channel.trust import SOCKET_GROUP_ENV
 
     path = args.socket or client_socket_path()
     try:
-        status = query_status(path, args.timeout)
+        status = query_status(path, args.timeout, args.socket_group or os.environ.get(SOCKET_GROUP_ENV) or None)
     except AgentUnreachable as e:
-        print(f"gpulse status: {e}", file=sys.stderr)
+        print(f"gpulse status: {e}" + (f"\n  fix: {e.fix}" if e.fix else ""), file=sys.stderr)
         return 1
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else render(status))
     return 0

@@ -58,7 +58,7 @@ class GpulseCallback(TrainerCallback):
                 kw.setdefault("config", _args_summary(args))
                 self.run = Run(**kw)
             if model is not None:
-                if self.run._flops_model is None and not self.run._fpt_fixed:
+                if self.run.mfu.needs_model:
                     self.run.watch_model(model)
                 self._hook(model)
             self._world = max(int(getattr(args, "world_size", 1) or 1), 1)
@@ -84,12 +84,12 @@ class GpulseCallback(TrainerCallback):
 
     def _forward_begin(self, module: Any, args: Any) -> None:
         run = self.run
-        if run is not None and run._in_step and module.training:
+        if run is not None and run.in_step and module.training:
             run.enter_phase("forward")
 
     def _forward_end(self, module: Any, args: Any, output: Any) -> None:
         run = self.run
-        if run is not None and run._in_step and module.training:
+        if run is not None and run.in_step and module.training:
             run.enter_phase("backward")
 
     # -- steps --------------------------------------------------------------------------------------
@@ -104,7 +104,7 @@ class GpulseCallback(TrainerCallback):
             self.run.exit_phase()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.run is not None and self.run._in_step:
+        if self.run is not None and self.run.in_step:
             self.run.enter_phase("optimizer")
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -43,7 +43,7 @@ class GpulseLightningCallback(Callback):
             "config", {"max_steps": trainer.max_steps, "accumulate_grad_batches": trainer.accumulate_grad_batches}
         )
         self.run = Run(**kw)
-        if self.run._flops_model is None and not self.run._fpt_fixed:
+        if self.run.mfu.needs_model:
             self.run.watch_model(pl_module)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -54,7 +54,7 @@ class GpulseLightningCallback(Callback):
         run.enter_phase("forward")
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        if self.run is not None and self.run._in_step:
+        if self.run is not None and self.run.in_step:
             self.run.enter_phase("backward")
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
@@ -62,7 +62,7 @@ class GpulseLightningCallback(Callback):
             self.run.exit_phase()
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.run is not None and self.run._in_step:
+        if self.run is not None and self.run.in_step:
             self.run.enter_phase("optimizer")
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

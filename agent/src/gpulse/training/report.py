@@ -1,0 +1,74 @@
+"""``metrics_report.json``: the run's own points, kept by the worker, summarised at ``finish()`` on rank 0.
+
+The summary is :func:`gpulse.report.model.build_report`, the same that ``gpulse report`` builds
+from InfluxDB: this module is the one place the training library reaches outside the channel, for
+a pure computation on the points it already has (the import rule allows exactly this import, and
+checks that what it pulls in is standard library only). The file is private (0600), written whole
+or not at all (a temporary file renamed over it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+REPORT_FILE = "metrics_report.json"
+
+
+class ReportBuffer:
+    """The run's own points for the report; steps are capped at ``max_steps`` by halving the resolution.
+
+    Step fields are kept as sent (no copy; the tags are the run's and added when the report is built)."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max(max_steps, 2)
+        self._steps: list[tuple[Mapping[str, Any], int]] = []
+        self.runs: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self._tags: Mapping[str, str] = {}
+        self._stride = 1
+        self._seen = 0
+
+    def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
+        if measurement == "train_step":
+            self._tags = tags
+            self._seen += 1
+            if (self._seen - 1) % self._stride:
+                return
+            self._steps.append((fields, ts))
+            if len(self._steps) >= self.max_steps:
+                self._steps = self._steps[::2]
+                self._stride *= 2
+        elif measurement == "train_run":
+            self.runs.append({**tags, **fields, "time": ts})
+        else:
+            self.events.append({**tags, **fields, "time": ts})
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return [{**self._tags, **fields, "time": ts} for fields, ts in self._steps]
+
+
+def write_report(buffer: ReportBuffer, output_dir: str) -> str:
+    """Build the report from ``buffer`` and write it to ``output_dir``; returns its path. Raises on failure."""
+    from gpulse.channel.recording import open_private
+    from gpulse.report.model import build_report
+
+    report = build_report(buffer.steps, [], buffer.runs, buffer.events, None)
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, REPORT_FILE)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
+        with open(fd, "w", encoding="utf-8") as fh:
+            json.dump(report.to_json(), fh, indent=2, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path

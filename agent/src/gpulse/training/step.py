@@ -1,0 +1,343 @@
+"""The training thread's part of a run: a few timestamps per step and one :class:`StepRecord` handed over.
+
+Everything here runs inside the user's training loop, so it only takes ``perf_counter_ns``
+timestamps, records pooled CUDA events (:mod:`gpulse.training.cuda`) and reads allocator counters;
+it never waits for the GPU, never formats, never sends. A finished step becomes a
+:class:`StepRecord` that stays open for ``run.log()`` until the next step begins (or the run
+finishes) and is then appended to the queue the background worker (:mod:`gpulse.training.worker`)
+drains. The queue holds at most ``max_queue`` records: beyond that, steps are not kept and are
+counted (``not_kept``), which ``finish()`` reports.
+
+These are slotted classes with hand-written ``__init__`` (not dataclasses: importing
+``dataclasses`` would double the cost of ``import gpulse.training``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from time import perf_counter_ns
+from typing import Any
+
+from gpulse.channel.protocol import Point
+from gpulse.training.cuda import CudaDevice
+from gpulse.training.errors import Guard
+
+#: Steps waiting for the background worker at most; more are not kept (counted, reported at finish).
+MAX_QUEUE = 100_000
+
+#: A GPU phase timing: (phase name, start event, end event), read once both events completed.
+GpuPair = tuple[str, Any, Any]
+
+
+class StepRecord:
+    """One finished step as the training thread hands it to the worker (times in ``perf_counter_ns``).
+
+    ``phases`` lists ``(name, ns)`` per time a phase ran (a phase entered twice appears twice; the
+    worker adds them up). ``logs`` is what ``run.log()`` gave for this step, attached at hand-over."""
+
+    __slots__ = ("comm_ns", "gpu_pairs", "logs", "memory", "phases", "samples", "step", "t0_ns", "t1_ns", "tokens", "wait_ns")  # fmt: skip
+
+    def __init__(
+        self,
+        step: int,
+        t0_ns: int,
+        t1_ns: int,
+        wait_ns: int | None,
+        samples: int | None,
+        tokens: int | None,
+        phases: list[tuple[str, int]] | tuple[()],
+        gpu_pairs: list[GpuPair] | None,
+        memory: tuple[int, int, int, int] | None,
+        comm_ns: int | None,
+    ) -> None:
+        self.step = step
+        self.t0_ns = t0_ns
+        self.t1_ns = t1_ns
+        self.wait_ns = wait_ns
+        self.samples = samples
+        self.tokens = tokens
+        self.phases = phases
+        self.gpu_pairs = gpu_pairs
+        self.memory = memory
+        self.comm_ns = comm_ns
+        self.logs: dict[str, Any] | None = None
+
+
+#: What the worker's queue carries: steps, and points made elsewhere (run start, events).
+QueueItem = StepRecord | Point
+
+
+class Phase:
+    """A reusable context manager for one phase name (no allocation per use but the time entry)."""
+
+    __slots__ = ("ev0", "name", "steps", "t0")
+
+    def __init__(self, steps: StepRecorder, name: str) -> None:
+        self.steps = steps
+        self.name = name
+        self.t0 = 0
+        self.ev0: Any = None
+
+    def __enter__(self) -> Phase:
+        steps = self.steps
+        if steps.in_step:
+            if steps.timer is not None:
+                self.ev0 = steps.record_event()
+            self.t0 = perf_counter_ns()
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        t0 = self.t0
+        if t0:
+            steps = self.steps
+            steps.phase_times.append((self.name, perf_counter_ns() - t0))
+            self.t0 = 0
+            if self.ev0 is not None:
+                start, self.ev0 = self.ev0, None
+                steps.end_gpu_phase(self.name, start)
+
+
+class StepContext:
+    """The reusable context manager ``run.step()`` returns; ``on_error(exc_type, exc)`` hears of a step that raised."""
+
+    __slots__ = ("on_error", "samples", "step", "steps", "tokens")
+
+    def __init__(self, steps: StepRecorder, on_error: Callable[[type, BaseException | None], None]) -> None:
+        self.steps = steps
+        self.on_error = on_error
+        self.samples: int | None = None
+        self.tokens: int | None = None
+        self.step: int | None = None
+
+    def __enter__(self) -> StepContext:
+        self.steps.begin()
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        if et is None:
+            self.steps.end(self.samples, self.tokens, self.step)
+        else:
+            self.steps.abort()
+            self.on_error(et, ev)
+
+
+class TimedLoader:
+    """``run.wrap_loader(loader)``: iterates the loader, adding each ``next()`` wait to the step."""
+
+    def __init__(self, steps: StepRecorder, loader: Iterable[Any]) -> None:
+        self.steps = steps
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        steps = self.steps
+        it = iter(self.loader)
+        clock = perf_counter_ns
+        while True:
+            t0 = clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            steps.wait_ns += clock() - t0
+            steps.wait_known = True
+            yield batch
+
+
+class StepRecorder:
+    """The state of the step in progress, on the training thread; finished steps go to ``queue``.
+
+    Never raises into the loop: what fails is counted by ``guard`` and switched off."""
+
+    def __init__(self, guard: Guard, max_queue: int = MAX_QUEUE) -> None:
+        self.guard = guard
+        self.queue: deque[QueueItem] = deque()
+        self.max_queue = max_queue
+        #: steps the queue could not take (the worker fell behind by more than ``max_queue``)
+        self.not_kept = 0
+        self.in_step = False
+        self.t0 = 0
+        self.step_no = 0
+        self.wait_ns = 0
+        self.wait_known = False
+        self.comm_ns = 0
+        self.comm_known = False
+        self.logs: dict[str, Any] = {}
+        self.last: StepRecord | None = None
+        self.phase_times: list[tuple[str, int]] = []
+        self.phases: dict[str, Phase] = {}
+        self.open_phase: Phase | None = None
+        self.pairs: list[GpuPair] | None = None
+        self.step_end_hooks: list[Callable[[], None]] = []
+        self.cuda = CudaDevice(guard)
+        #: the CUDA event pool and allocator probe, once CUDA is in use (copied from ``cuda`` for speed)
+        self.timer: Any = None
+        self.memory: Any = None
+        self._next_cuda_check = 0
+
+    # -- steps ------------------------------------------------------------------------------------
+    def begin(self, idle_since_ns: int = 0) -> None:
+        """Start a step; ``idle_since_ns`` (``perf_counter_ns``) starts the data wait before it."""
+        if idle_since_ns:
+            self.add_data_wait(perf_counter_ns() - idle_since_ns)
+        if self.last is not None:
+            self.hand_over()
+        if self.step_no >= self._next_cuda_check:
+            self._check_cuda()
+        if self.timer is not None:
+            self.pairs = []
+        self.in_step = True
+        self.t0 = perf_counter_ns()
+
+    def end(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> None:
+        """End the step; ``step`` defaults to the previous step + 1."""
+        t1 = perf_counter_ns()
+        if not self.in_step:
+            return
+        if self.open_phase is not None:
+            self.exit_phase()
+        for hook in self.step_end_hooks:
+            try:
+                hook()
+            except Exception as exc:
+                self.guard.report("step_end_hook", exc)
+        self.in_step = False
+        self.step_no = step if step is not None else self.step_no + 1
+        phases = self.phase_times
+        if phases:
+            self.phase_times = []
+        else:
+            phases = ()  # type: ignore[assignment]
+        wait = None
+        if self.wait_known:
+            wait = self.wait_ns
+            self.wait_ns = 0
+        comm = None
+        if self.comm_known:
+            comm = self.comm_ns
+            self.comm_ns = 0
+        mem = None
+        if self.memory is not None:
+            try:
+                mem = self.memory.read()
+            except Exception as exc:
+                self.memory = None
+                self.guard.report("memory_stats", exc)
+        pairs = self.pairs
+        self.pairs = None
+        self.last = StepRecord(self.step_no, self.t0, t1, wait, samples, tokens, phases, pairs, mem, comm)
+
+    def hand_over(self) -> None:
+        """Queue the finished step with its logs (at the next step's start, or at finish)."""
+        rec = self.last
+        if rec is None:
+            return
+        self.last = None
+        logs = self.logs
+        if logs:
+            rec.logs = logs
+            self.logs = {}
+            if self.timer is not None:
+                self.cuda.copy_logs(logs)
+        if len(self.queue) >= self.max_queue:
+            self.not_kept += 1
+            self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; step not kept")
+            return
+        self.queue.append(rec)
+
+    def add_point(self, point: Point) -> None:
+        """Queue a point made on the training thread (an event), bounded like steps."""
+        if len(self.queue) >= self.max_queue:
+            self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; event not kept")
+            return
+        self.queue.append(point)
+
+    def abort(self) -> None:
+        """The step raised: forget it (its phases and events); the exception goes on to the loop."""
+        self.in_step = False
+        self.open_phase = None
+        for p in self.phases.values():
+            p.t0 = 0
+            if p.ev0 is not None:
+                self.cuda.release(p.ev0)
+            p.ev0 = None
+        self.phase_times.clear()
+        if self.pairs:
+            self.cuda.drop(self.pairs)
+        self.pairs = None
+
+    # -- phases -----------------------------------------------------------------------------------
+    def phase(self, name: str) -> Phase:
+        ph = self.phases.get(name)
+        if ph is None:
+            ph = self.phases[name] = Phase(self, phase_name(name))
+        return ph
+
+    def enter_phase(self, name: str) -> None:
+        """Close the open phase (if any) and open ``name``: for callbacks that only see boundaries."""
+        if self.open_phase is not None:
+            self.open_phase.__exit__(None, None, None)
+        ph = self.phase(name)
+        ph.__enter__()
+        self.open_phase = ph
+
+    def exit_phase(self) -> None:
+        ph = self.open_phase
+        if ph is not None:
+            self.open_phase = None
+            ph.__exit__(None, None, None)
+
+    def record_event(self) -> Any:
+        """A CUDA event recorded now, or ``None`` (pool used up; on an error GPU times are switched off)."""
+        try:
+            return self.timer.record()
+        except Exception as exc:
+            self.timer = None
+            self.guard.report("cuda_event", exc, "GPU phase times disabled")
+            return None
+
+    def end_gpu_phase(self, name: str, start: Any) -> None:
+        end = self.record_event()
+        if end is None or self.pairs is None:
+            self.cuda.release(start, end)
+            return
+        self.pairs.append((name, start, end))
+
+    # -- what integrations add --------------------------------------------------------------------
+    def add_data_wait(self, ns: int) -> None:
+        self.wait_ns += ns
+        self.wait_known = True
+
+    def add_comm(self, ns: int) -> None:
+        self.comm_ns += ns
+        self.comm_known = True
+
+    def on_step_end(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` at the end of every step, before the record is made (comm hooks fold their time in)."""
+        self.step_end_hooks.append(hook)
+
+    # -- CUDA -------------------------------------------------------------------------------------
+    def _check_cuda(self) -> None:
+        self._next_cuda_check = self.step_no + 16
+        if self.cuda.device is None and self.cuda.detect():
+            self._use_cuda()
+
+    def attach_cuda(self, torch: Any, device: int) -> None:
+        """Use CUDA device ``device`` of ``torch`` (detection does this by itself once CUDA is initialised)."""
+        self.cuda.attach(torch, device)
+        self._use_cuda()
+
+    def _use_cuda(self) -> None:
+        self.timer = self.cuda.timer
+        self.memory = self.cuda.memory
+        self._next_cuda_check = 1 << 62
+
+
+def phase_name(name: str) -> str:
+    """A phase name as a field name part: lower case, ``[a-z0-9_]``, at most 48 characters."""
+    clean = re.sub(r"[^a-z0-9_]", "_", str(name).lower())[:48]  # a pattern string: compiled on first use
+    return clean or "unnamed"

@@ -1,0 +1,202 @@
+"""The run's background thread: queued step records become points, sent to the agent or recorded.
+
+It drains the training thread's queue in slices of at most :data:`SLICE` records and talks to the
+agent between two slices, so a flood of steps cannot keep points from reaching the agent. A step
+with GPU timings waits (without blocking anything) until its CUDA events have completed, at most
+:data:`GPU_WAIT_S`; then it is sent without them. Every point also goes to the report buffer.
+Every :data:`GPU_REFRESH_S` (and as soon as CUDA is found) it registers the rank's GPUs with the
+agent, and it re-anchors the step clock to wall time every :data:`CLOCK_ANCHOR_S`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from time import perf_counter_ns
+from typing import Any
+
+from gpulse.channel.protocol import Point, Register, Unregister
+from gpulse.training.client import Client
+from gpulse.training.errors import Guard
+from gpulse.training.points import PointMaker, finite_fields
+from gpulse.training.report import ReportBuffer
+from gpulse.training.step import StepRecord, StepRecorder
+from gpulse.training.timing import CudaTimer
+
+#: Records handled before the worker reads acks and sends again.
+SLICE = 512
+#: A step whose CUDA events have not completed after this long is sent without GPU times.
+GPU_WAIT_S = 30.0
+#: Steps waiting for their CUDA events at most (beyond, the oldest is sent without GPU times).
+MAX_GPU_PENDING = 256
+#: At finish, how long steps may still wait for their CUDA events.
+FINAL_GPU_WAIT_S = 2.0
+GPU_REFRESH_S = 10.0
+CLOCK_ANCHOR_S = 30.0
+
+
+class Worker:
+    """Turns a run's queue into points for ``client`` and ``report``; ``end_point()`` makes the last one."""
+
+    def __init__(
+        self,
+        steps: StepRecorder,
+        client: Client,
+        points: PointMaker,
+        report: ReportBuffer,
+        tags: dict[str, str],
+        guard: Guard,
+        tick_s: float,
+    ) -> None:
+        self.steps = steps
+        self.client = client
+        self.points = points
+        self.report = report
+        self.tags = tags
+        self.guard = guard
+        self.tick_s = tick_s
+        self.steps_sent = 0
+        #: the GPUs this rank uses, as registered with the agent
+        self.uuids: list[str] = []
+        self.run_id = tags.get("run", "")
+        self.rank = tags.get("rank", "0")
+        self.pid = 0
+        self._pending_gpu: deque[tuple[StepRecord, float]] = deque()
+        self._offset_ns = time.time_ns() - perf_counter_ns()
+        self._stop = threading.Event()
+        self._end_point: Any = None
+        self._thread = threading.Thread(target=self._loop, name="gpulse-training", daemon=True)
+
+    def start(self, pid: int) -> None:
+        self.pid = pid
+        self._thread.start()
+
+    def finish(self, end_point: Any, timeout: float = 30.0) -> bool:
+        """Send everything queued, then ``end_point()`` (a :class:`Point`); whether the thread finished in time."""
+        self._end_point = end_point
+        self._stop.set()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the thread -------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        next_refresh = 0.0
+        next_anchor = time.monotonic() + CLOCK_ANCHOR_S
+        while True:
+            stopping = self._stop.is_set()
+            more = False
+            try:
+                now = time.monotonic()
+                if now >= next_refresh or self.steps.cuda.changed:
+                    next_refresh = now + GPU_REFRESH_S
+                    self._refresh_gpus()
+                if now >= next_anchor:
+                    next_anchor = now + CLOCK_ANCHOR_S
+                    self._offset_ns = time.time_ns() - perf_counter_ns()
+                more = self._drain(final=stopping)
+                self.client.pump()
+            except Exception as exc:
+                self.guard.report("background", exc)
+            if stopping and not more:
+                break
+            if not more:
+                self.client.wait_readable(self.tick_s)
+        try:
+            if self._end_point is not None:
+                self.emit(self._end_point())
+            if self.uuids:
+                self.client.submit(Unregister(self.run_id, self.rank, self.pid))
+            self.client.close(wait=2.0)
+        except Exception as exc:
+            self.guard.report("close", exc)
+
+    def _refresh_gpus(self) -> None:
+        """Register the UUIDs of the GPUs this rank uses; find the MFU peak for its device."""
+        cuda = self.steps.cuda
+        cuda.changed = False
+        if cuda.device is None:
+            return
+        try:
+            uuids = cuda.gpu_uuids()
+            self.points.gpus = len(uuids)
+            self.points.mfu.detect_peak(cuda.name())
+        except Exception as exc:
+            self.guard.report("gpu_refresh", exc)
+            return
+        if uuids != self.uuids:
+            self.uuids = uuids
+            self.client.submit(Register(self.run_id, self.rank, self.pid, tuple(uuids)))
+
+    def _drain(self, final: bool) -> bool:
+        """Handle up to :data:`SLICE` queued records; whether more are waiting."""
+        q = self.steps.queue
+        pending = self._pending_gpu
+        for _ in range(SLICE):
+            if not q:
+                break
+            item = q.popleft()
+            if type(item) is StepRecord:
+                if item.gpu_pairs or _has_cuda_logs(item.logs):
+                    pending.append((item, time.monotonic()))
+                else:
+                    self._emit_step(item, None)
+            else:
+                self.emit(item)
+        self._drain_gpu(final)
+        return bool(q)
+
+    def _drain_gpu(self, final: bool) -> None:
+        pending = self._pending_gpu
+        deadline = time.monotonic() + FINAL_GPU_WAIT_S if final else 0.0
+        while pending:
+            rec, queued_at = pending[0]
+            pairs = rec.gpu_pairs or []
+            logs = rec.logs
+            extra = [v[1] for v in logs.values() if type(v) is tuple] if logs else []
+            try:
+                ready = CudaTimer.ready(pairs, extra)
+            except Exception as exc:
+                self.guard.report("cuda_query", exc)
+                ready, pairs = True, []
+            if not ready:
+                if final and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                    continue
+                too_old = time.monotonic() - queued_at > GPU_WAIT_S or len(pending) > MAX_GPU_PENDING
+                if not (too_old or final):
+                    return
+                self.guard.report("gpu_times_dropped", detail="CUDA events not complete in time; step sent without")
+                if pairs:
+                    self.steps.cuda.drop(pairs)
+                rec.gpu_pairs = None
+                if logs:  # a copy that has not completed must not be read
+                    for key in [k for k, v in logs.items() if type(v) is tuple]:
+                        del logs[key]
+                pending.popleft()
+                self._emit_step(rec, None)
+                continue
+            pending.popleft()
+            times = None
+            timer = self.steps.cuda.timer
+            if pairs and timer is not None:
+                try:
+                    times = timer.read(pairs)
+                except Exception as exc:
+                    self.guard.report("cuda_elapsed", exc)
+            self._emit_step(rec, times)
+
+    def _emit_step(self, rec: StepRecord, gpu_times: dict[str, float] | None) -> None:
+        fields = self.points.step_fields(rec, self._offset_ns, gpu_times)
+        self.emit(Point("train_step", rec.t1_ns + self._offset_ns, self.tags, fields))
+        self.steps_sent += 1
+
+    def emit(self, point: Point) -> None:
+        """Send ``point`` (to the agent, or the file) and keep it for the report."""
+        finite_fields(point.fields, point.measurement, self.guard)
+        self.client.submit(point)
+        self.report.add(point.measurement, point.tags, point.fields, point.ts)
+
+
+def _has_cuda_logs(logs: dict[str, Any] | None) -> bool:
+    return bool(logs) and any(type(v) is tuple for v in logs.values())  # type: ignore[union-attr]
