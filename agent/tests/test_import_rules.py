@@ -94,7 +94,7 @@ EXCEPTIONS = {
 
 #: What the training process may load, transitively: its own modules, the channel contract and the
 #: leaves it stands on, and the report model of the exception above with what that needs
-#: (``report.diagnose``; ``influx.connection``, a standard-library module, for ``ConfigError``).
+#: (``report.diagnose`` and ``report.records``, standard-library modules).
 TRAINING_CLOSURE = (
     "gpulse.training",
     "gpulse.channel",
@@ -102,7 +102,7 @@ TRAINING_CLOSURE = (
     "gpulse.schema",
     "gpulse.report.model",
     "gpulse.report.diagnose",
-    "gpulse.influx.connection",
+    "gpulse.report.records",
 )
 
 
