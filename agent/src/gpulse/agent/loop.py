@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import resource
 import signal
 import sys
@@ -91,10 +92,20 @@ def process_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+#: The one no-GPU story (README, agent, doctor, ``make up``): simulated GPUs only when asked for, so a
+#: node whose driver broke never writes invented numbers into the database.
+NO_GPU_WAY_OUT = (
+    "no GPU at hand? `gpulse agent --simulate 8` runs eight simulated GPUs and says so "
+    "(GPULSE_SIMULATE=8 does the same for every gpulse command, doctor included)"
+)
+#: the NVML source's own hint, alone in parentheses or after a semicolon inside them
+_SOURCE_HINT = re.compile(r"\s*\(use --simulate N[^)]*\)|;\s*use --simulate N[^)]*")
+
+
 def no_gpu_message(e: BaseException) -> str:
-    """The source's one sentence, with the way out if it does not give one."""
-    msg = str(e).strip().rstrip(".")
-    return msg + "." if "--simulate" in msg else f"{msg} (use --simulate N to run without a GPU)."
+    """The source's sentence (its own ``--simulate`` hint replaced) and the one way out without a GPU."""
+    msg = _SOURCE_HINT.sub("", str(e)).strip().rstrip(".")
+    return f"{msg}. {NO_GPU_WAY_OUT[0].upper()}{NO_GPU_WAY_OUT[1:]}."
 
 
 class _Rate:
