@@ -224,6 +224,8 @@ def test_mig_devices_are_sampled_each_with_its_profile_and_index(node):
     assert infos[None]["mig_mode"] == 1 and infos[None]["mig_devices"] == 3
     assert infos[None]["process_access"] == "no_permission"
     assert infos["1g.18gb/1"]["mig_gpu_instance"] == 3 and infos["1g.18gb/1"]["mig_uuid"].startswith("MIG-")
+    assert {"mem_used_bytes", "sm_active_pct"} <= set(infos["1g.18gb/1"]["supported_metrics"].split(","))
+    assert "util_gpu_pct" in infos["1g.18gb/1"]["unsupported_metrics"].split(",")
     assert n.fake.calls["nvmlGpmSampleGet"] == 0 and n.fake.calls["nvmlGpmMigSampleGet"] >= 6
 
 

@@ -15,6 +15,10 @@ which "Requires privileged user") whose slice count and memory match the MIG dev
 prefix as NVIDIA's go-nvlib writes it (``pkg/nvlib/device/mig_profile.go``). Two profiles with the
 same slices and memory (``1g.18gb`` and ``1g.18gb+me``) cannot be told apart from the attributes;
 the first one is named.
+
+The MIG layout is read when NVML is (re)initialised. A reconfiguration while the agent runs needs
+no process on those instances anyway; their old handles then fail ("the MIG device handle would
+remain invalid and must be requested again") and are counted as errors until the agent restarts.
 """
 
 from __future__ import annotations
@@ -115,7 +119,9 @@ def probe_migs(
         uuid = str(nv.nvmlDeviceGetUUID(handle))
         plan = MigPlan(index, gi, ci, name, uuid, handle, memory=memory(nv, handle))
         if plan.memory is not None:
-            plan.supported.update(("mem_used_bytes", "mem_free_bytes", "mem_total_bytes"))
+            scratch: dict[str, Any] = {}
+            call_ok(nv, lambda: plan.memory(handle, scratch))  # type: ignore[misc]
+            plan.supported.update(scratch)
         if gpm_clock is not None:
             try:
                 plan.gpm = nvml_gpm.GpmSampler(nv, handle, nvml_gpm.mig_sample_get(nv, parent, gi), clock_ns=gpm_clock)

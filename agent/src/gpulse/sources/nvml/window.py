@@ -75,14 +75,16 @@ class WindowReader:
                     return
                 try:
                     values = {name: float(read(handle, counter) * PCIE_KB) for counter, name in enumerate(FIELDS)}
-                except Exception as e:  # counted; a lost GPU or a dead driver is the cycle's to handle
+                except Exception as e:
                     code = E.code_of(e)
                     if code in E.UNSUPPORTED:
                         gpus.remove((index, handle))
                         with self._lock:
                             self._unsupported.append(index)
-                    else:
-                        self.count_error(code)
+                    elif E.status_of(code) is E.Status.GPU_LOST:
+                        gpus.remove((index, handle))  # the cycle marks it lost and counts it, once
+                    elif E.status_of(code) is E.Status.OK:
+                        self.count_error(code)  # a dead driver is the cycle's to count and handle
                     continue
                 with self._lock:
                     self._fresh[index] = values
