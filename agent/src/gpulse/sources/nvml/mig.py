@@ -120,7 +120,7 @@ def probe_migs(
         plan = MigPlan(index, gi, ci, name, uuid, handle, memory=memory(nv, handle))
         if plan.memory is not None:
             scratch: dict[str, Any] = {}
-            call_ok(nv, lambda: plan.memory(handle, scratch))  # type: ignore[misc]
+            call_ok(nv, lambda m=plan.memory, h=handle, out=scratch: m(h, out))
             plan.supported.update(scratch)
         if gpm_clock is not None:
             try:
