@@ -18,7 +18,7 @@ from gpulse.influx.http import Failure, HttpClient, TransportError
 from gpulse.influx.server import Explainer
 from gpulse.sinks.base import Sink, encode_body
 from gpulse.sinks.errors import ErrorKind, WriteError, classify_http
-from gpulse.util.ratelog import RateLimitedLog
+from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.sinks")
 
@@ -55,7 +55,7 @@ class InfluxSink(Sink):
         self.params = dict(params)
         self.http = HttpClient.for_connection(conn)
         self.explainer = Explainer(conn)
-        self._log = RateLimitedLog(log)
+        self._log = CountedLog(log)
 
     def write(self, lines: Sequence[str]) -> None:
         try:

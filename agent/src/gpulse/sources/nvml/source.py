@@ -39,10 +39,10 @@ from gpulse.sources.nvml.procs import ProcessSampler
 from gpulse.sources.nvml.window import FIELDS as WINDOW_FIELDS
 from gpulse.sources.nvml.window import WindowReader
 from gpulse.sources.processes import ProcessDescriber
-from gpulse.util.ratelog import RateLimitedLog
+from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger(__name__)
-_rlog = RateLimitedLog(log)
+_rlog = CountedLog(log)
 
 NS = 1_000_000_000
 OK, GPU_LOST, DRIVER_GONE = E.Status.OK, E.Status.GPU_LOST, E.Status.DRIVER_GONE
