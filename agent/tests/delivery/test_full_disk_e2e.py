@@ -21,10 +21,10 @@ from support.influxd import InfluxDB1
 from support.tmpfs import on_tmpfs
 from support.waiting import wait_until
 
+from gpulse.channel.protocol import RECORD_FILE
 from gpulse.cli.commands.status import query_status
 from gpulse.lineprotocol.parse import read_lines
 from gpulse.training import Run
-from gpulse.training.client import RECORD_FILE
 
 pytestmark = [pytest.mark.influxdb, pytest.mark.slow]
 

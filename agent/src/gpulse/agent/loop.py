@@ -102,10 +102,14 @@ NO_GPU_WAY_OUT = (
 _SOURCE_HINT = re.compile(r"\s*\(use --simulate N[^)]*\)|;\s*use --simulate N[^)]*")
 
 
+def unavailable_reason(e: BaseException) -> str:
+    """Why the GPU source cannot open, in the source's words without its own ``--simulate`` hint."""
+    return _SOURCE_HINT.sub("", str(e)).strip().rstrip(".")
+
+
 def no_gpu_message(e: BaseException) -> str:
-    """The source's sentence (its own ``--simulate`` hint replaced) and the one way out without a GPU."""
-    msg = _SOURCE_HINT.sub("", str(e)).strip().rstrip(".")
-    return f"{msg}. {NO_GPU_WAY_OUT[0].upper()}{NO_GPU_WAY_OUT[1:]}."
+    """Why the GPU source cannot open, and the one way out without a GPU."""
+    return f"{unavailable_reason(e)}. {NO_GPU_WAY_OUT[0].upper()}{NO_GPU_WAY_OUT[1:]}."
 
 
 class _Rate:

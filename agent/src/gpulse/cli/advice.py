@@ -56,16 +56,20 @@ def make_up_here() -> bool:
     return os.path.isfile("docker-compose.yml") and os.path.isfile("Makefile") and docker_engine_answers()
 
 
-def no_database(conn: Connection, *, simulate: bool) -> str:
-    """What gets this machine a database at ``conn.url``, or what works without one.
+def record_locally(*, simulate: bool) -> str:
+    """What works without a database: the agent records, the report reads the recording.
 
-    ``make up`` is named only where it can start InfluxDB (a Docker engine and the repository here);
     ``simulate``: the agent command needs ``--simulate 8`` (no GPU here and none configured)."""
     record = command("agent", *(("--simulate", "8") if simulate else ()), "--record", "node.lp")
-    without = (
-        f"without a database, `{record}` records locally and `{command('report', '--from-file', 'node.lp')}` "
-        "reads the recording"
+    return (
+        f"without a database, `{record}` records locally and `{command('report', '--from-file', 'node.lp')}` reads it"
     )
+
+
+def no_database(conn: Connection, without: str) -> str:
+    """What gets this machine a database at ``conn.url``, then ``without`` (what works without one).
+
+    ``make up`` is named only where it can start InfluxDB: a Docker engine and the repository here."""
     if (conn.url or DEFAULT_URL).rstrip("/") != DEFAULT_URL:
         return f"start the InfluxDB at {conn.url} or correct --url; {without}"
     if make_up_here():

@@ -57,6 +57,10 @@ class Context:
     results: dict[str, Result] = field(default_factory=dict)
     #: the database probe's answer (:class:`gpulse.influx.server.ServerInfo`), once the database check ran
     server: Any = None
+    #: what the database probe found wrong (:class:`gpulse.influx.server.Problem`), if anything
+    database_problem: Any = None
+    #: real GPUs the gpus check found through NVML (0: none, simulated, or not checked)
+    real_gpus: int = 0
     _agent: tuple[dict[str, Any] | None, str] | None = None
 
     @property

@@ -80,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         if not args.check:
             raise
-        print(f"  FAIL config: {e}\ngpulse agent --check: the configuration is invalid")
-        return 1
+        from gpulse.cli.agent_check import invalid_config
+
+        return invalid_config(e)
     if args.check:
-        from gpulse.cli.agent_check import run_checks
+        from gpulse.cli.agent_check import run as run_checks
 
         return run_checks(cfg)
     from gpulse.agent.loop import Agent

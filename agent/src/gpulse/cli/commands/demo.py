@@ -142,13 +142,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _not_ready(conn) -> str:
-    """Why the database cannot take the demo yet (unreachable, credentials, no setup), or ''."""
-    from gpulse.cli.doctor import check_credentials, check_layout, check_reachable
+    """Why the database cannot take the demo yet (unreachable, credentials, no setup), with the fix, or ''."""
+    from gpulse.agent.config import AgentConfig
+    from gpulse.cli import advice
+    from gpulse.cli.checks import database
+    from gpulse.cli.checks.base import Context, Status, run_checks
+    from gpulse.influx.server import Problem
 
-    for check in (check_reachable, check_credentials, check_layout):
-        r = check(conn)
-        if r.status == "fail":
-            return f"{r.detail}\n  fix: {r.fix}"
+    checks = (database.DATABASE, database.TOKEN, database.BUCKET, database.LAYOUT)
+    ctx = Context(AgentConfig(connection=conn), live=False)
+    for r in run_checks(checks, ctx):
+        if r.status is Status.FAIL:
+            fix = r.fix
+            if ctx.database_problem is Problem.UNREACHABLE:  # the demo runs without a database too
+                without = "without a database, `gpulse demo --record demo.lp` runs the whole demo from a file"
+                fix = advice.no_database(conn, without)
+            return f"{r.detail}\n  fix: {fix}"
     return ""
 
 
@@ -201,24 +210,8 @@ def _report(args: argparse.Namespace, conn, run_id: str) -> int:
 def report_command(args: argparse.Namespace, conn, run_id: str) -> str:
     """The ``gpulse report`` command that rebuilds this report where the demo ran: from the
     database with the connection the demo used, or from the recording when there was none."""
-    import shlex
+    from gpulse.cli import advice
 
     if not conn.url:
-        return shlex.join(["gpulse", "report", "--from-file", args.record, "--html", "--out", args.out])
-    return shlex.join(["gpulse", "report", "--run", run_id, *connection_flags(conn), "--html", "--out", args.out])
-
-
-def connection_flags(conn) -> list[str]:
-    """Flags that name ``conn`` again (its token by the file it came from; ``GPULSE_TOKEN`` stays in the env)."""
-    from gpulse.influx.connection import DEFAULT_BUCKET, DEFAULT_ORG
-
-    flags = ["--url", conn.url]
-    if conn.api != "v2":
-        flags += ["--api", conn.api]
-    if conn.api == "v2" and conn.org != DEFAULT_ORG:
-        flags += ["--org", conn.org]
-    if conn.bucket != DEFAULT_BUCKET:
-        flags += ["--bucket", conn.bucket]
-    if conn.token_source.startswith("file "):
-        flags += ["--token-file", conn.token_source.removeprefix("file ")]
-    return flags
+        return advice.command("report", "--from-file", args.record, "--html", "--out", args.out)
+    return advice.command("report", "--run", run_id, *advice.connection_flags(conn), "--html", "--out", args.out)

@@ -15,7 +15,8 @@ from gpulse.influx.connection import add_connection_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from gpulse.cli.doctor import CHECKS
+    from gpulse.agent.config import SIMULATE_MODELS
+    from gpulse.cli.doctor import CHECK_NAMES
 
     parser.add_argument("--config", metavar="FILE", help="the agent's TOML file (env GPULSE_CONFIG)")
     add_connection_flags(parser)
@@ -23,21 +24,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--socket", metavar="PATH", help="the agent's socket (default $XDG_RUNTIME_DIR/gpulse/agent.sock)"
     )
+    parser.add_argument("--socket-group", metavar="GROUP", help="the agent's --socket-group, trusted like the user")
+    parser.add_argument(
+        "--simulate", type=int, metavar="N", help="check the agent as it runs with N simulated GPUs (no GPU needed)"
+    )
+    parser.add_argument("--simulate-model", metavar="MODEL", help=f"with --simulate: {', '.join(SIMULATE_MODELS)}")
     parser.add_argument(
         "--skip",
         action="append",
-        choices=CHECKS,
+        choices=CHECK_NAMES,
         default=[],
         metavar="CHECK",
-        help=f"do not run CHECK (repeatable): {', '.join(CHECKS)}",
+        help=f"do not run CHECK (repeatable): {', '.join(CHECK_NAMES)}",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     from gpulse.agent.config import load_config
-    from gpulse.cli.doctor import render, run_checks
+    from gpulse.cli.doctor import report
 
-    cfg = load_config(args)
-    results = run_checks(cfg, args.skip)
-    sys.stdout.write(render(results, cfg.connection))
-    return 1 if any(r.status == "fail" for r in results) else 0
+    text, status = report(load_config(args), args.skip)
+    sys.stdout.write(text)
+    return status
