@@ -56,11 +56,11 @@ def make_up_here() -> bool:
     return os.path.isfile("docker-compose.yml") and os.path.isfile("Makefile") and docker_engine_answers()
 
 
-def record_locally(*, simulate: bool) -> str:
+def record_locally(simulate: int | None) -> str:
     """What works without a database: the agent records, the report reads the recording.
 
-    ``simulate``: the agent command needs ``--simulate 8`` (no GPU here and none configured)."""
-    record = command("agent", *(("--simulate", "8") if simulate else ()), "--record", "node.lp")
+    ``simulate``: the ``--simulate`` the agent command needs here (no GPU), if any."""
+    record = command("agent", *(("--simulate", str(simulate)) if simulate else ()), "--record", "node.lp")
     return (
         f"without a database, `{record}` records locally and `{command('report', '--from-file', 'node.lp')}` reads it"
     )

@@ -61,6 +61,13 @@ class Context:
     database_problem: Any = None
     #: real GPUs the gpus check found through NVML (0: none, simulated, or not checked)
     real_gpus: int = 0
+    #: whether NVML works here (None: not checked)
+    nvml_ok: bool | None = None
+
+    def simulate(self) -> int | None:
+        """The ``--simulate`` an agent command needs here: the configured one, or 8 where NVML is missing."""
+        return self.cfg.simulate or (8 if self.nvml_ok is False else None)
+
     _agent: tuple[dict[str, Any] | None, str] | None = None
 
     @property

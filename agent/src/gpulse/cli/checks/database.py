@@ -33,7 +33,7 @@ def check_database(ctx: Context) -> Result:
         d = e.diagnosis
         ctx.database_problem = d.problem
         if d.problem is Problem.UNREACHABLE:
-            without = advice.record_locally(simulate=not ctx.cfg.simulate and ctx.real_gpus == 0)
+            without = advice.record_locally(ctx.simulate())
             return fail("database", d.detail, advice.no_database(conn, without))
         return fail("database", d.detail, d.fix)  # not InfluxDB, or the other generation than --api
     ctx.server = info

@@ -50,6 +50,7 @@ def check_gpus(ctx: Context) -> Result:
         source = make_source(cfg)
         gpus = source.open()
     except SourceUnavailable as e:
+        ctx.nvml_ok = False
         return _without_nvml(ctx, unavailable_reason(e))
     except Exception as e:  # an unexpected library error is a finding, not a crash
         return fail(name, f"NVML failed: {type(e).__name__}: {e}", DRIVER_FIX)
@@ -60,6 +61,7 @@ def check_gpus(ctx: Context) -> Result:
     if not gpus:
         return fail(name, "NVML works but lists no GPU", "check `nvidia-smi -L`; in a container, pass the GPUs in")
     ctx.real_gpus = 0 if cfg.simulate else len(gpus)
+    ctx.nvml_ok = ctx.nvml_ok or not cfg.simulate
     infos = {r.gpu: r.fields for r in readings if r.measurement == "gpu_info" and not r.tags}
     groups: dict[tuple[str, str, str], list[int]] = {}
     for g in gpus:

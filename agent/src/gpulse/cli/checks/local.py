@@ -36,12 +36,23 @@ def writable_dir(name: str, path: str, what: str, fix: str) -> Result:
 
 
 def agent_command(ctx: Context, *extra: str) -> str:
-    """``gpulse agent`` as this node needs it: ``--simulate 8`` without a GPU, the socket given."""
+    """``gpulse agent`` with the settings the doctor checked (``--simulate`` where there is no GPU)."""
+    from gpulse.agent.config import default_spool_dir
+
+    cfg = ctx.cfg
     args = ["agent"]
-    if ctx.cfg.simulate or ctx.real_gpus == 0:
-        args += ["--simulate", str(ctx.cfg.simulate or 8)]
-    if ctx.cfg.socket:
-        args += ["--socket", ctx.cfg.socket]
+    if simulate := ctx.simulate():
+        args += ["--simulate", str(simulate)]
+    if cfg.config_path:
+        args += ["--config", cfg.config_path]
+    if cfg.connection.url:
+        args += advice.connection_flags(cfg.connection)
+    if cfg.record:
+        args += ["--record", cfg.record]
+    if cfg.spool_dir != default_spool_dir():
+        args += ["--spool-dir", cfg.spool_dir]
+    if cfg.socket:
+        args += ["--socket", cfg.socket]
     return advice.command(*args, *extra)
 
 
