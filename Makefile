@@ -8,19 +8,17 @@ STAMP := $(VENV)/.gpulse-installed
 
 help:
 	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
-	@echo "make test      install what the tests need (venv, influxd) and run them all"
+	@echo "make test      install what the tests need (venv with CPU torch, influxd, chromium, node) and run them all"
 	@echo "make demo      fill the stack with a simulated 8-GPU node and training run (no Docker: a local demo)"
 	@echo "make down      stop the stack (data stays in the Docker volumes)"
 	@echo "make lint      ruff"
 	@echo "make bench     benchmarks (figures side by side with baselines)"
 	@echo "make generate  regenerate docs/schema.md, dashboards and Flux tasks from the code"
 
-# The virtualenv: torch first, from the CPU build, so that nothing pulls a CUDA build.
-$(STAMP): agent/pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e 'agent[test,train]'
-	touch $(STAMP)
+# The virtualenv, step by step: torch first, its CPU build where the CPU index answers (see scripts/venv.sh).
+$(STAMP): agent/pyproject.toml scripts/venv.sh
+	@VENV=$(VENV) bash scripts/venv.sh
+	@touch $(STAMP)
 
 venv: $(STAMP)
 
@@ -35,7 +33,7 @@ down:
 	docker compose down
 
 test: $(STAMP)
-	@bash scripts/ensure-influxd.sh
+	@bash scripts/test-tools.sh
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest

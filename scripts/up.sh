@@ -4,9 +4,11 @@
 #   scripts/up.sh        (make up)   .env + secrets on first run, the agent's virtualenv, then
 #       Docker engine  -> docker compose up -d --wait (its one-shot `setup` service runs `gpulse setup`
 #                         with the admin token), then the agent in the foreground with its status line;
-#       no Docker      -> the agent records locally (--record), viewable with `gpulse report`,
-#                         uploadable with `gpulse upload`; and how to use an existing InfluxDB instead;
-#       no NVIDIA GPU  -> one sentence, and the agent runs 8 simulated GPUs (`make demo` tells a story).
+#       no Docker      -> the agent records locally (--record), viewable with `gpulse report` (a node
+#                         report), uploadable with `gpulse upload`; and how to use an existing InfluxDB instead;
+#       no NVIDIA GPU  -> one sentence, and the agent runs 8 simulated GPUs, asked for with --simulate 8
+#                         (gpulse never simulates unasked; GPULSE_SIMULATE=8 does it for any command).
+# Every command printed as advice works where it is printed (tests/test_up.py runs each one).
 #   scripts/up.sh demo   (make demo) the same preparation, then `gpulse demo` into the local stack
 #                        (started if needed), or, without Docker, a local demo: a recording file and
 #                        the run's HTML report.
@@ -74,16 +76,18 @@ if [ "$MODE" = demo ]; then
   cat <<EOF
   open the report:   $STATE/demo/metrics_report.html
   into an InfluxDB:  $PY -m gpulse setup --url URL --token-file PATH && $PY -m gpulse upload $STATE/demo.lp --url URL --token-file PATH
+                     (InfluxDB 1.x: add --api v1 to both and put user:password in the token file)
 EOF
   exit 0
 fi
 
 # 3b. make up: GPUs (the agent reads NVML; without a driver it runs simulated GPUs instead)
-agent_args=()
+sim_args=()
 if ! "$PY" -c 'import pynvml; pynvml.nvmlInit()' >/dev/null 2>&1; then
-  say "No NVIDIA driver here (NVML does not load), so the agent runs 8 simulated GPUs; \`make demo\` shows every dashboard filled with a simulated node and training run."
-  agent_args+=(--simulate 8)
+  say "No NVIDIA driver here (NVML does not load), so the agent runs 8 simulated GPUs (--simulate 8; GPULSE_SIMULATE=8 does the same for any gpulse command, doctor included); \`make demo\` shows every dashboard filled with a simulated node and training run."
+  sim_args+=(--simulate 8)
 fi
+agent_args=("${sim_args[@]}")
 if [ -n "${GPULSE_UP_DURATION:-}" ]; then
   agent_args+=(--duration "$GPULSE_UP_DURATION")
 fi
@@ -99,10 +103,12 @@ mkdir -p "$STATE"
 record="$STATE/agent.lp"
 say "No Docker engine reachable (\`docker info\` fails), so no stack is started; the agent records to $record instead."
 cat <<EOF
-  look at it:      $PY -m gpulse report --from-file $record   (a training run's report; GPU lines are in the file)
+  look at it:      $PY -m gpulse report --from-file $record --html --out $STATE/node-report
+                   (a node report: each GPU's utilisation, memory, power, energy, throttling, events;
+                   a training run's report instead once a run sent its steps to this agent)
   upload it later: $PY -m gpulse upload $record --url https://influxdb.example:8086 --org ORG --bucket gpulse --token-file PATH
   or send to an existing InfluxDB instead of recording:
-                   $PY -m gpulse agent --url https://influxdb.example:8086 --org ORG --bucket gpulse --token-file PATH
+                   $PY -m gpulse agent ${sim_args[*]:+${sim_args[*]} }--url https://influxdb.example:8086 --org ORG --bucket gpulse --token-file PATH
                    (InfluxDB 1.x: add --api v1 and put user:password in the token file)
 EOF
 exec "$PY" -m gpulse agent --record "$record" "${agent_args[@]}"

@@ -155,7 +155,8 @@ def _not_ready(conn) -> str:
         if r.status is Status.FAIL:
             fix = r.fix
             if ctx.database_problem is Problem.UNREACHABLE:  # the demo runs without a database too
-                without = "without a database, `gpulse demo --record demo.lp` runs the whole demo from a file"
+                unset = "GPULSE_URL= " if os.environ.get("GPULSE_URL") else ""  # else the URL still counts
+                without = f"without a database, `{unset}gpulse demo --record demo.lp` runs the whole demo from a file"
                 fix = advice.no_database(conn, without)
             return f"{r.detail}\n  fix: {fix}"
     return ""
