@@ -12,6 +12,7 @@ real and stops after ``GPULSE_UP_DURATION`` seconds; without a driver it runs si
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import stat
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.fake_influx_v2 import FakeInfluxV2
+from support.influxd import InfluxDB1
 
 from gpulse.lineprotocol.parse import read_lines
 
@@ -92,6 +94,7 @@ def test_without_docker_make_up_creates_env_and_secrets_and_the_agent_records_lo
 
     # one sentence each for the missing driver and the missing engine, with what to do instead
     assert text.count("No NVIDIA driver") == 1 and "make demo" in text
+    assert "runs 8 simulated GPUs (--simulate 8; GPULSE_SIMULATE=8 does the same for any gpulse command" in text
     assert "No Docker engine reachable" in text
     assert "--url" in text and "--token-file" in text and "gpulse upload" in text and "gpulse report" in text
 
@@ -121,6 +124,55 @@ def test_without_docker_make_up_creates_env_and_secrets_and_the_agent_records_lo
     assert "generated secrets" not in again.stdout
 
 
+def _advice(text: str, label: str) -> list[str]:
+    """The command printed after ``label:`` (``$VENV/bin/python -m gpulse ...``), split for subprocess."""
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"{label}:"))
+    return shlex.split(line.split(":", 1)[1])
+
+
+def test_every_command_make_up_prints_without_docker_works_where_it_is_printed(
+    checkout: Path, tmp_path: Path, influxdb: InfluxDB1
+) -> None:
+    """Before: "look at it: gpulse report --from-file .gpulse/agent.lp" answered "no training run found"
+    (exit 2). The upload and agent commands name a server: here a real InfluxDB 1.x, so they are
+    followed with the line's own "InfluxDB 1.x: add --api v1 and put user:password in the token file"."""
+    env = _env(tmp_path, NO_ENGINE)
+    out = _up(checkout, env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    look = _advice(out.stdout, "look at it")
+    r = subprocess.run(look, cwd=checkout, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "a node report" in r.stdout and "GPU 7 (GPU-" in r.stdout
+    assert (checkout / ".gpulse/node-report/node_report.html").exists()
+
+    token = tmp_path / "token"
+    token.write_text("admin:pw\n")
+    token.chmod(0o600)
+
+    def placed(argv: list[str]) -> list[str]:
+        subs = {"https://influxdb.example:8086": influxdb.url, "ORG": "gpulse", "PATH": str(token)}
+        return [subs.get(a, a) for a in argv] + ["--api", "v1"]
+
+    def gpu_points() -> int:
+        series = influxdb.query('SELECT count("util_gpu_pct") FROM "gpu"', db="gpulse")["results"][0].get("series")
+        return series[0]["values"][0][1] if series else 0
+
+    upload = subprocess.run(
+        placed(_advice(out.stdout, "upload it later")), cwd=checkout, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert upload.returncode == 0, upload.stdout + upload.stderr
+    uploaded = gpu_points()
+    assert uploaded >= 8
+    send = out.stdout.split("or send to an existing InfluxDB instead of recording:")[1].splitlines()[1]
+    agent = subprocess.run(
+        placed(shlex.split(send)), cwd=checkout, env=dict(env, GPULSE_DURATION="3", GPULSE_FLUSH_INTERVAL="0.2"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert agent.returncode == 0, agent.stderr[-2000:]
+    assert gpu_points() > uploaded  # the agent wrote there directly
+
+
 def test_with_docker_make_up_starts_the_stack_and_the_agent_writes_to_it_with_the_generated_token(
     checkout: Path, tmp_path: Path
 ) -> None:
@@ -146,7 +198,9 @@ def test_with_docker_make_up_starts_the_stack_and_the_agent_writes_to_it_with_th
     assert all(r.headers.get("Authorization") == f"Token {token}" for r in influx.requests)
 
 
-def test_make_demo_without_docker_runs_the_whole_demo_locally(checkout: Path, tmp_path: Path) -> None:
+def test_make_demo_without_docker_runs_the_whole_demo_locally_and_its_advice_works(
+    checkout: Path, tmp_path: Path, influxdb: InfluxDB1
+) -> None:
     env = _env(tmp_path, NO_ENGINE)
     (checkout / ".env.example").write_text(
         (checkout / ".env.example").read_text().replace("GPULSE_INFLUX_PORT=8086", "GPULSE_INFLUX_PORT=1")
@@ -157,3 +211,22 @@ def test_make_demo_without_docker_runs_the_whole_demo_locally(checkout: Path, tm
     assert "DIAGNOSIS:" in out.stdout
     assert (checkout / ".gpulse/demo/metrics_report.html").exists()
     assert (checkout / ".gpulse/demo.lp").stat().st_size > 1_000_000
+    # Before: "again any time: gpulse report --run demo-...", which needs a database this machine lacks
+    again = out.stdout.split("again any time: ", 1)[1].splitlines()[0]
+    assert again == "gpulse report --from-file .gpulse/demo.lp --html --out .gpulse/demo"
+    r = subprocess.run(
+        [sys.executable, "-m", *shlex.split(again)], cwd=checkout, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and "DIAGNOSIS:" in r.stdout, r.stderr
+    # "into an InfluxDB": here a real InfluxDB 1.x, so with --api v1 added to both, as the line says
+    line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("into an InfluxDB:"))
+    assert "(InfluxDB 1.x: add --api v1 to both" in out.stdout
+    token = tmp_path / "token"
+    token.write_text("admin:pw\n")
+    token.chmod(0o600)
+    command = line.split(":", 1)[1].replace("URL", influxdb.url).replace("PATH", str(token))
+    command = command.replace(" --url ", " --api v1 --url ")
+    r = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    counted = influxdb.query('SELECT count("util_gpu_pct") FROM "gpu"', db="gpulse")["results"][0]["series"]
+    assert counted[0]["values"][0][1] > 1000
