@@ -384,18 +384,11 @@ def build_report(
         gpu_peak_memory_reserved_gb=_round(peak_reserved / GIB, 4) if peak_reserved is not None else None,
         gpu_memory_capacity_gb=_round(min(capacity), 4) if capacity else None,
         alloc_retries=sum(r.alloc_retries for r in ranks) if values(steps, "alloc_retries") else None,
-        gpu_avg_utilization_percent=totals.gpu_avg_utilization_percent,
-        gpu_max_utilization_percent=totals.gpu_max_utilization_percent,
-        gpu_avg_sm_active_percent=totals.gpu_avg_sm_active_percent,
-        gpu_avg_tensor_active_percent=totals.gpu_avg_tensor_active_percent,
-        gpu_avg_memory_used_percent=totals.gpu_avg_memory_used_percent,
-        gpu_avg_power_w=totals.gpu_avg_power_w,
+        **totals.report_fields(),
         energy_kwh=_kwh(totals.energy_j),
         energy_j_per_step=_round(totals.energy_j / step_count, 3)
         if totals.energy_j is not None and step_count
         else None,
-        throttle_time_ratio=totals.throttle_time_ratio,
-        throttle_time_s=totals.throttle_time_s,
         per_gpu=gpus,
         per_rank=ranks,
         events=[
@@ -427,15 +420,8 @@ def build_node_report(
         end_time_ns=end,
         duration_s=_round((end - start) / 1e9, 3) if start is not None and end is not None else None,
         gpus=len(gpus),
-        gpu_avg_utilization_percent=totals.gpu_avg_utilization_percent,
-        gpu_max_utilization_percent=totals.gpu_max_utilization_percent,
-        gpu_avg_sm_active_percent=totals.gpu_avg_sm_active_percent,
-        gpu_avg_tensor_active_percent=totals.gpu_avg_tensor_active_percent,
-        gpu_avg_memory_used_percent=totals.gpu_avg_memory_used_percent,
-        gpu_avg_power_w=totals.gpu_avg_power_w,
+        **totals.report_fields(),
         energy_kwh=_kwh(totals.energy_j),
-        throttle_time_ratio=totals.throttle_time_ratio,
-        throttle_time_s=totals.throttle_time_s,
         per_gpu=gpus,
         events=[
             GpuEvent(

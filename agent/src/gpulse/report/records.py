@@ -121,6 +121,10 @@ class GpuTotals:
     throttle_time_ratio: float | None
     throttle_time_s: float | None
 
+    def report_fields(self) -> dict[str, float | None]:
+        """The figures both reports carry under the same names (energy goes in as kWh, by each report)."""
+        return {k: v for k, v in vars(self).items() if k != "energy_j"}
+
 
 @dataclass
 class RunEvent:

@@ -9,9 +9,10 @@ A missing retention policy is a layout problem, never a credentials one.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpulse.cli import advice
@@ -40,6 +41,19 @@ def check_database(ctx: Context) -> Result:
     return ok("database", f"{conn.url} answers (InfluxDB {info.version})")
 
 
+@contextlib.contextmanager
+def _influxql(ctx: Context) -> Iterator[Any]:
+    """An InfluxQL client for the connection, told the probe's answer (so refusals are explained)."""
+    from gpulse.influx.query import InfluxQL
+
+    q = InfluxQL(ctx.conn)
+    q.explainer.info = ctx.server
+    try:
+        yield q
+    finally:
+        q.close()
+
+
 def _refusal(name: str, status: int | None, message: str, diagnosis: Any) -> Result:
     """A refusal the server explained (:func:`gpulse.influx.server.diagnose`): its kind, its words, the fix."""
     answer = f"HTTP {status}: {message}" if status else message
@@ -53,16 +67,13 @@ def check_token(ctx: Context) -> Result:
     """The server accepts the credentials (v1 ``SHOW DATABASES``, v2 the buckets API)."""
     conn = ctx.conn
     if conn.api == "v1":
-        from gpulse.influx.query import InfluxQL, QueryError
+        from gpulse.influx.query import QueryError
 
-        q = InfluxQL(conn)
-        q.explainer.info = ctx.server
         try:
-            q.rows("SHOW DATABASES", db="")
+            with _influxql(ctx) as q:
+                q.rows("SHOW DATABASES", db="")
         except QueryError as e:
             return _refusal("token", e.status, e.message, e.diagnosis)
-        finally:
-            q.close()
         user = conn.v1_credentials
         return ok("token", f"credentials accepted as {user[0]!r}" if user else "the server asks for no credentials")
     from gpulse.influx.server import NONE_GIVEN
@@ -87,22 +98,19 @@ def check_bucket(ctx: Context) -> Result:
 
     conn = ctx.conn
     if conn.api == "v1":
-        from gpulse.influx.query import InfluxQL, QueryError, quote_ident
+        from gpulse.influx.query import QueryError, quote_ident
 
-        q = InfluxQL(conn)
-        q.explainer.info = ctx.server
         try:
-            names = {r["name"] for r in q.rows("SHOW DATABASES", db="")}
-            if conn.database not in names:
-                return _layout_problem(missing_database(conn))
-            if conn.retention_policy:
-                rps = {r["name"] for r in q.rows(f"SHOW RETENTION POLICIES ON {quote_ident(conn.database)}", db="")}
-                if conn.retention_policy not in rps:
-                    return _layout_problem(missing_retention_policy(conn), have=sorted(rps))
+            with _influxql(ctx) as q:
+                names = {r["name"] for r in q.rows("SHOW DATABASES", db="")}
+                if conn.database not in names:
+                    return _layout_problem(missing_database(conn))
+                if conn.retention_policy:
+                    rps = {r["name"] for r in q.rows(f"SHOW RETENTION POLICIES ON {quote_ident(conn.database)}", db="")}
+                    if conn.retention_policy not in rps:
+                        return _layout_problem(missing_retention_policy(conn), have=sorted(rps))
         except QueryError as e:
             return _refusal("bucket", e.status, e.message, e.diagnosis)
-        finally:
-            q.close()
         return ok("bucket", f"database {conn.bucket!r} exists")
     orgs = _v2_get(ctx, "/api/v2/orgs", {"org": conn.org}, name="bucket")
     if isinstance(orgs, Result):
@@ -151,15 +159,13 @@ def check_layout(ctx: Context) -> Result:
     tiers = [RAW, *(t.name for t in TIERS)]
     fix = _setup_fix(conn)
     if conn.api == "v1":
-        from gpulse.influx.query import InfluxQL, QueryError, quote_ident
+        from gpulse.influx.query import QueryError, quote_ident
 
-        q = InfluxQL(conn)
         try:
-            rows = q.rows(f"SHOW RETENTION POLICIES ON {quote_ident(conn.database)}", db="")
+            with _influxql(ctx) as q:
+                rows = q.rows(f"SHOW RETENTION POLICIES ON {quote_ident(conn.database)}", db="")
         except QueryError as e:
             return fail("layout", f"cannot list retention policies on {conn.database!r}: {e}", fix)
-        finally:
-            q.close()
         have = {r["name"]: r for r in rows}
         missing = [t for t in tiers if t not in have]
         if missing:
@@ -234,15 +240,13 @@ def check_downsampling(ctx: Context) -> Result:
     conn = ctx.conn
     fix = _setup_fix(conn)
     if conn.api == "v1":
-        from gpulse.influx.query import InfluxQL, QueryError
+        from gpulse.influx.query import QueryError
 
-        q = InfluxQL(conn)
         try:
-            rows = q.rows("SHOW CONTINUOUS QUERIES", db="")
+            with _influxql(ctx) as q:
+                rows = q.rows("SHOW CONTINUOUS QUERIES", db="")
         except QueryError as e:
             return fail("downsampling", f"cannot list continuous queries: {e}", fix)
-        finally:
-            q.close()
         have = {r["name"] for r in rows if r.get("_measurement") == conn.database}
         want = set(continuous_queries(conn.database))
         missing = sorted(want - have)
