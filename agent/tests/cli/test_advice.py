@@ -163,3 +163,18 @@ def test_the_command_the_doctor_advises_for_a_stale_socket_starts_an_agent_there
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"training channel listening on {sock}" in r.stderr
     os.unlink(sock) if sock.exists() else None
+
+
+def test_the_setup_command_advised_for_a_missing_retention_policy_makes_the_named_default_work(
+    influxdb: InfluxDB1, machine: tuple[Path, dict[str, str]]
+) -> None:
+    """Before: "token: retention policy 'nosuchrp' does not exist", fix: put user:password in the token file."""
+    work, env = machine
+    env = dict(env, GPULSE_SIMULATE="1")
+    doctor = follow(f"gpulse doctor --url {influxdb.url} --api v1 --bucket gpulse/nosuchrp", work, env)
+    assert "✘ bucket: retention policy 'nosuchrp' does not exist" in doctor.stdout
+    (setup,) = advised(doctor.stdout)
+    assert setup == f"gpulse setup --url {influxdb.url} --api v1"
+    assert follow(setup, work, env).returncode == 0
+    after = follow(f"gpulse doctor --url {influxdb.url} --api v1 --bucket gpulse/raw", work, env)
+    assert after.returncode == 0, after.stdout

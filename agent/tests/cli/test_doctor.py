@@ -208,7 +208,10 @@ def test_a_missing_retention_policy_is_a_layout_problem_not_a_credentials_one(
         r["bucket"].detail
         == "retention policy 'nosuchrp' does not exist on database 'gpulse' (it has 1h, 1m, autogen, raw)"
     )
-    assert "gpulse setup --api v1" in r["bucket"].fix and "--bucket gpulse/POLICY" in r["bucket"].fix
+    assert (
+        "--bucket gpulse/POLICY" in r["bucket"].fix
+        and f"`gpulse setup --url {prepared.url} --api v1`" in r["bucket"].fix
+    )
     assert "password" not in r["bucket"].fix
 
 

@@ -66,7 +66,21 @@ class Context:
 
     def simulate(self) -> int | None:
         """The ``--simulate`` an agent command needs here: the configured one, or 8 where NVML is missing."""
-        return self.cfg.simulate or (8 if self.nvml_ok is False else None)
+        if self.cfg.simulate:
+            return self.cfg.simulate
+        if self.nvml_ok is None:  # the gpus check did not run (--skip gpus): ask NVML now
+            from gpulse.sources.base import SourceUnavailable
+            from gpulse.sources.nvml.source import NvmlSource
+
+            source = NvmlSource()
+            try:
+                source.open()
+                self.nvml_ok = True
+            except SourceUnavailable:
+                self.nvml_ok = False
+            finally:
+                source.close()
+        return None if self.nvml_ok else 8
 
     _agent: tuple[dict[str, Any] | None, str] | None = None
 

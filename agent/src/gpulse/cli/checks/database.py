@@ -10,6 +10,7 @@ A missing retention policy is a layout problem, never a credentials one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import email.utils
 import time
 from collections.abc import Callable, Iterator
@@ -104,11 +105,17 @@ def check_bucket(ctx: Context) -> Result:
             with _influxql(ctx) as q:
                 names = {r["name"] for r in q.rows("SHOW DATABASES", db="")}
                 if conn.database not in names:
-                    return _layout_problem(missing_database(conn))
+                    return _layout_problem(missing_database(conn), _setup_fix(conn))
                 if conn.retention_policy:
                     rps = {r["name"] for r in q.rows(f"SHOW RETENTION POLICIES ON {quote_ident(conn.database)}", db="")}
                     if conn.retention_policy not in rps:
-                        return _layout_problem(missing_retention_policy(conn), have=sorted(rps))
+                        whole = dataclasses.replace(conn, bucket=conn.database)
+                        fix = (
+                            f"name one of those with --bucket {conn.database}/POLICY, or give --bucket "
+                            f"{conn.database} for its default; `{advice.setup_command(whole)}` makes raw (the "
+                            "default), 1m and 1h"
+                        )
+                        return _layout_problem(missing_retention_policy(conn), fix, have=sorted(rps))
         except QueryError as e:
             return _refusal("bucket", e.status, e.message, e.diagnosis)
         return ok("bucket", f"database {conn.bucket!r} exists")
@@ -116,18 +123,20 @@ def check_bucket(ctx: Context) -> Result:
     if isinstance(orgs, Result):
         return orgs
     if not (orgs or {}).get("orgs"):
-        return _layout_problem(missing_org(conn))
+        return _layout_problem(missing_org(conn), missing_org(conn).fix)
     found = _v2_get(ctx, "/api/v2/buckets", {"org": conn.org, "name": conn.bucket}, name="bucket")
     if isinstance(found, Result):
         return found
     if not (found or {}).get("buckets"):
-        return _layout_problem(missing_bucket(conn))
+        return _layout_problem(missing_bucket(conn), f"{_setup_fix(conn)}, or check --bucket")
     return ok("bucket", f"bucket {conn.bucket!r} exists in org {conn.org!r}")
 
 
-def _layout_problem(d: Any, have: list[str] | None = None) -> Result:
+def _layout_problem(d: Any, fix: str, have: list[str] | None = None) -> Result:
+    """What the agent writes to is missing (the diagnosis of :mod:`gpulse.influx.server`), with the
+    fix for this very connection: its ``gpulse setup`` command."""
     detail = d.detail + (f" (it has {', '.join(have)})" if have else "")
-    return fail("bucket", detail, d.fix)
+    return fail("bucket", detail, fix)
 
 
 def _v2_get(ctx: Context, path: str, params: dict[str, Any], *, name: str = "token") -> Any:
