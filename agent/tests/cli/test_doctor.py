@@ -389,6 +389,11 @@ def test_data_waiting_in_a_sink_s_spool_is_reported_per_sink_and_fails_once_it_w
     assert r.fix == f"start the agent, which replays the spool in order: `{agent}`"
     # `agent --check` asks whether the agent would start: the waiting data is news, not a failure
     quiet = local.check_spool(Context(cfg, live=False))
+    # a configuration that writes elsewhere: the agent will keep this data aside, and says how to replay it
+    other = cfg_for(f"http://127.0.0.1:{free_port()}", tmp_path, api="v2", simulate=2, token_file=str(token))
+    aside = local.check_spool(Context(other, live=False))
+    assert f"not meant for InfluxDB v2 API at {other.connection.url}" in aside.detail
+    assert "--replay-spool-to-new-destination" in aside.detail
     assert quiet.status is Status.OK and "not being delivered" not in quiet.detail
     assert quiet.detail.splitlines()[:1] == r.detail.splitlines()[:1] and sink.split(", oldest")[0] in quiet.detail
 

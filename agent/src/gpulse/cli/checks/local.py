@@ -122,6 +122,7 @@ def check_spool(ctx: Context) -> Result:
         return fail("spool", f"cannot read {cfg.spool_dir}: {e.strerror}", "run the doctor as the agent's user")
     now_ns = time.time_ns()
     head = f"{human_bytes(summary.bytes)} of {human_bytes(cfg.spool_max_bytes)} in {cfg.spool_dir}"
+    ours = _destinations(ctx)
     lines, stale, held = [], [], []
     for s in summary.sinks or (summary,):
         if not (s.lines or s.damaged_records):
@@ -130,9 +131,13 @@ def check_spool(ctx: Context) -> Result:
         text = f"{s.name or '.'}: {s.lines} line(s), {human_bytes(s.bytes)}"
         text += f", oldest point {_age(age)} old" if age is not None else ""
         text += f" (for {s.destination})" if s.destination else ""
+        elsewhere = s.name in ours and s.destination is not None and s.destination != ours[s.name]
         if HELD in s.name:
             held.append(s)
             text += "; kept aside: meant for another destination"
+        elif elsewhere:
+            held.append(s)
+            text += f"; not meant for {ours[s.name]}: the agent keeps it aside when it starts"
         elif age is not None and age > STALE_FLUSHES * cfg.flush_interval:
             stale.append((s, age))
         lines.append(text)
@@ -167,6 +172,20 @@ def check_spool(ctx: Context) -> Result:
     if held:
         detail += "\n    the agent replays kept-aside data only with --replay-spool-to-new-destination"
     return ok("spool", detail)
+
+
+def _destinations(ctx: Context) -> dict[str, str]:
+    """sink folder name -> the destination this configuration's database sink writes to (none without one)."""
+    if not ctx.conn.url:
+        return {}
+    from gpulse.sinks.factory import build_sinks
+
+    sinks = build_sinks(ctx.conn, None)
+    try:
+        return {s.name: s.describe() for s in sinks}
+    finally:
+        for s in sinks:
+            s.close()
 
 
 # -- agent --check's own items ----------------------------------------------------------------------------
