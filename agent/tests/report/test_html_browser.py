@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.chromium import WIDTH, count_colors, layout, png_size, rgb, screenshot
+from support.chromium import SCALE, WIDTH, count_colors, layout, png_size, rgb, screenshot
 from support.fixtures import gpulse_cmd
 
 from gpulse.report.html import MAX_LINES
@@ -67,7 +67,9 @@ def _measure(html: Path, work: Path, name: str) -> dict[str, Any]:
     for chart in measured["charts"]:
         area = chart["plot"] or chart["box"]
         colors = [rgb(s["color"]) for s in chart["series"] if s["tag"] == "polyline"]
-        jobs.append({**area, "colors": colors})
+        # 3 px around the plot area: a line at 0 % or 100 % is drawn half outside it
+        grown = {"x": area["x"] - 3, "y": area["y"] - 3, "w": area["w"] + 6, "h": area["h"] + 6}
+        jobs.append({**grown, "colors": colors})
         for s in chart["series"]:
             if chart["kind"] == "strip":  # a heat-strip row: its own rectangle
                 jobs.append({**s["box"], "colors": []})
@@ -151,7 +153,7 @@ def test_the_node_report_draws_each_gpu_in_each_plot(node_page: dict[str, Any]) 
 
 def test_the_screenshot_is_the_whole_page_and_nothing_is_wider_than_it(page: dict[str, Any]) -> None:
     lay = page["layout"]
-    assert png_size(page["png"]) == (WIDTH, int(lay["page"]["h"]))
+    assert png_size(page["png"]) == (WIDTH * SCALE, int(lay["page"]["h"]) * SCALE)
     assert lay["page"]["w"] <= WIDTH  # no horizontal scrolling: the tables and plots fit
     right = lay["body"]["x"] + lay["body"]["w"]
     for table in lay["tables"]:

@@ -5,7 +5,9 @@ Three passes, each a plain ``chromium --headless`` run (no driver, no network):
 1. **layout**: a copy of the page with a measuring script appended; ``--dump-dom`` returns what the
    browser laid out: the page size, every chart's plot area, every drawn series (its box and colour),
    every legend entry, title and event label, every table, in page pixels;
-2. **screenshot**: the whole page at its laid-out height (``--screenshot``, device scale 1);
+2. **screenshot**: the whole page at its laid-out height (``--screenshot``) at device scale 2, so that
+   a 1.5 px line covers at least two whole device pixels wherever layout puts it (at scale 1 a flat
+   line at a fractional offset has no pixel of its own colour, only blends);
 3. **pixels**: the screenshot decoded by Chromium itself into a canvas (the PNG is embedded as a
    data URL, so the canvas is not tainted), counting, inside each plot area, the pixels of each
    series' colour.
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 WIDTH = 1100
+#: device pixels per CSS pixel in the screenshot
+SCALE = 2
 
 _MEASURE = """
 <script>
@@ -97,14 +101,14 @@ def chromium_path() -> str:
     return exe
 
 
-def _run(*args: str, timeout: float = 180) -> str:
+def _run(*args: str, timeout: float = 180, scale: int = 1) -> str:
     cmd = [
         chromium_path(),
         "--headless=new",
         "--no-sandbox",  # CI runs as root
         "--disable-gpu",
         "--hide-scrollbars",
-        "--force-device-scale-factor=1",
+        f"--force-device-scale-factor={scale}",
         "--no-first-run",
         "--disable-extensions",
         *args,
@@ -137,8 +141,8 @@ def layout(page: Path, work: Path, width: int = WIDTH) -> dict[str, Any]:
 
 
 def screenshot(page: Path, out: Path, height: int, width: int = WIDTH) -> Path:
-    """Pass 2: the whole page, ``width`` × ``height`` pixels."""
-    _run(f"--window-size={width},{height}", f"--screenshot={out}", page.as_uri())
+    """Pass 2: the whole page, ``width`` × ``height`` CSS pixels at :data:`SCALE` device pixels each."""
+    _run(f"--window-size={width},{height}", f"--screenshot={out}", page.as_uri(), scale=SCALE)
     return out
 
 
@@ -151,9 +155,11 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def count_colors(png: Path, jobs: list[dict[str, Any]], work: Path) -> list[dict[str, Any]]:
-    """Pass 3: for each job ``{x, y, w, h, colors: [[r, g, b], ...]}`` the pixels of each colour
-    (±6 per channel) and of near-white background inside the rectangle, as the browser decoded them."""
+    """Pass 3: for each job ``{x, y, w, h, colors: [[r, g, b], ...]}`` (a rectangle in CSS pixels) the
+    screenshot's pixels of each colour (±6 per channel) and of near-white background inside it, as
+    the browser decoded them."""
     data = base64.b64encode(png.read_bytes()).decode("ascii")
+    jobs = [{**j, **{k: j[k] * SCALE for k in ("x", "y", "w", "h")}} for j in jobs]
     page = work / f"{png.stem}.pixels.html"
     page.write_text(_PIXELS % (json.dumps(jobs), data), encoding="utf-8")
     dom = _run("--window-size=400,300", "--virtual-time-budget=20000", "--dump-dom", page.as_uri(), timeout=300)
