@@ -333,51 +333,48 @@ def _from_capture(name: str, index: int, **facts: Any) -> dict[str, Any]:
 _GPM_BUSY = {2: 71.5, 3: 40.25, 5: 45.0, 7: 43.5, 10: 36.0, 13: 2.0, 12: 11.0, 11: 0.0}
 _GPM_BUSY.update({20: 1200.0, 21: 2400.0, 60: 100_000.0, 61: 110_000.0})
 _HOPPER_EVENTS = 0x8 | 0x2 | 0x1 | 0x4000 | 0x8000 | 0x4 | 0x10
-#: H100 SXM5 80GB MIG profiles: NVIDIA MIG User Guide, "Supported MIG Profiles", H100 table (names,
-#: slices); memory = the profile's fraction (1/8 ... 8/8) of the captured 81559 MiB (modelled).
-H100_MIG = tuple(
-    MigProfile(pid, f"MIG {name}", slices, 81559 * eighths // 8, sms)
-    for pid, name, slices, eighths, sms in (
-        (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE, "1g.10gb", 1, 1, 16),
-        (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, "1g.20gb", 1, 2, 16),
-        (nv.NVML_GPU_INSTANCE_PROFILE_2_SLICE, "2g.20gb", 2, 2, 32),
-        (nv.NVML_GPU_INSTANCE_PROFILE_3_SLICE, "3g.40gb", 3, 4, 60),
-        (nv.NVML_GPU_INSTANCE_PROFILE_4_SLICE, "4g.40gb", 4, 4, 64),
-        (nv.NVML_GPU_INSTANCE_PROFILE_7_SLICE, "7g.80gb", 7, 8, 132),
-    )
+#: Hopper GPU instance profiles: (profile id, slices, memory eighths, SMs), the rows of the NVIDIA
+#: MIG User Guide's "Supported MIG Profiles" tables for H100 and H200 (1g, 1g with twice the memory,
+#: 2g, 3g, 4g, 7g); memory = that fraction of the captured total (modelled: the driver's exact MiB
+#: are not published).
+_HOPPER_SLICES = (
+    (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 1, 1, 16),
+    (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 1, 2, 16),
+    (nv.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 2, 2, 32),
+    (nv.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 3, 4, 60),
+    (nv.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 4, 4, 64),
+    (nv.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 7, 8, 132),
 )
-#: H200 SXM 141GB: the same guide's H200 table (1g.18gb, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb,
-#: 7g.141gb); NVIDIA mig-parted's default config lists 1g.18gb/2g.35gb/3g.71gb for device 0x233510DE.
-H200_MIG = tuple(
-    MigProfile(pid, f"MIG {name}", slices, 143771 * eighths // 8, sms)
-    for pid, name, slices, eighths, sms in (
-        (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE, "1g.18gb", 1, 1, 16),
-        (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, "1g.35gb", 1, 2, 16),
-        (nv.NVML_GPU_INSTANCE_PROFILE_2_SLICE, "2g.35gb", 2, 2, 32),
-        (nv.NVML_GPU_INSTANCE_PROFILE_3_SLICE, "3g.71gb", 3, 4, 60),
-        (nv.NVML_GPU_INSTANCE_PROFILE_4_SLICE, "4g.71gb", 4, 4, 64),
-        (nv.NVML_GPU_INSTANCE_PROFILE_7_SLICE, "7g.141gb", 7, 8, 132),
+
+
+def _hopper_mig(total_mib: int, names: tuple[str, ...]) -> tuple[MigProfile, ...]:
+    return tuple(
+        MigProfile(pid, f"MIG {name}", slices, total_mib * eighths // 8, sms)
+        for (pid, slices, eighths, sms), name in zip(_HOPPER_SLICES, names, strict=True)
     )
-)
+
+
+H100_MIG = _hopper_mig(81559, ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"))
+#: NVIDIA mig-parted's default config lists 1g.18gb/2g.35gb/3g.71gb for the H200 (device 0x233510DE).
+H200_MIG = _hopper_mig(143771, ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"))
+
+
+def _hopper(capture: str, mig: tuple[MigProfile, ...], index: int, kw: dict[str, Any]) -> FakeGpu:
+    facts = _from_capture(capture, index)
+    facts.update(gpm=True, nvlink_links=18, event_types=_HOPPER_EVENTS, gpm_values=dict(_GPM_BUSY), mig_profiles=mig)
+    facts.update(kw)
+    return FakeGpu(index, **facts)
 
 
 def h100(index: int, **kw: Any) -> FakeGpu:
     """H100 SXM5 80GB from a recorded 8-GPU node (driver 565.57.01); 18 NVLinks (NVLink 4,
     900 GB/s per the H100 datasheet), GPM (Hopper), ECC, HBM temperature; no fan."""
-    facts = _from_capture("h100_sxm5_80gb", index)
-    facts.update(gpm=True, nvlink_links=18, event_types=_HOPPER_EVENTS, gpm_values=dict(_GPM_BUSY))
-    facts.update(mig_profiles=H100_MIG)
-    facts.update(kw)
-    return FakeGpu(index, **facts)
+    return _hopper("h100_sxm5_80gb", H100_MIG, index, kw)
 
 
 def h200(index: int, **kw: Any) -> FakeGpu:
     """H200 SXM 141GB from a recorded capture (driver 550.90.12); 18 NVLinks, GPM, ECC; no fan."""
-    facts = _from_capture("h200_sxm_141gb", index)
-    facts.update(gpm=True, nvlink_links=18, event_types=_HOPPER_EVENTS, gpm_values=dict(_GPM_BUSY))
-    facts.update(mig_profiles=H200_MIG)
-    facts.update(kw)
-    return FakeGpu(index, **facts)
+    return _hopper("h200_sxm_141gb", H200_MIG, index, kw)
 
 
 def a100(index: int, **kw: Any) -> FakeGpu:
