@@ -55,9 +55,11 @@ NVIDIA/go-nvml ``pkg/nvml/nvml.h`` at 2f9e261; section named after the function)
 
 Where it is known to differ: it has no real latency except the documented 20 ms; on a MIG parent
 ``nvmlGpmSampleGet`` answers NOT_SUPPORTED (not in the reference; the issue's and DCGM's
-account); field value types and which GPUs offer fields 197/198 are not documented (the A100
+account); a MIG device handle answers only identity, memory, processes and GPM (anything else
+NOT_SUPPORTED, unverified); the driver's per-process sample period is modelled as 1 s (not
+documented); field value types and which GPUs offer fields 197/198 are not documented (the A100
 profile answers NOT_SUPPORTED for them so that the slow-path fallback is exercised); the PCIe
-"KB/s" of ``nvmlDeviceGetPcieThroughput`` is modelled as KiB/s (see ``probe.PCIE_KB``).
+"KB/s" of ``nvmlDeviceGetPcieThroughput`` is modelled as KiB/s (see ``window.PCIE_KB``).
 
 GPU profiles (:func:`h100`, :func:`h200`, :func:`a100`) take their identity, memory, power,
 clocks, PCIe link and temperatures from recorded ``nvidia-smi -q`` outputs of real GPUs
@@ -333,11 +335,11 @@ def _from_capture(name: str, index: int, **facts: Any) -> dict[str, Any]:
 _GPM_BUSY = {2: 71.5, 3: 40.25, 5: 45.0, 7: 43.5, 10: 36.0, 13: 2.0, 12: 11.0, 11: 0.0}
 _GPM_BUSY.update({20: 1200.0, 21: 2400.0, 60: 100_000.0, 61: 110_000.0})
 _HOPPER_EVENTS = 0x8 | 0x2 | 0x1 | 0x4000 | 0x8000 | 0x4 | 0x10
-#: Hopper GPU instance profiles: (profile id, slices, memory eighths, SMs), the rows of the NVIDIA
-#: MIG User Guide's "Supported MIG Profiles" tables for H100 and H200 (1g, 1g with twice the memory,
-#: 2g, 3g, 4g, 7g); memory = that fraction of the captured total (modelled: the driver's exact MiB
-#: are not published).
-_HOPPER_SLICES = (
+#: GPU instance profiles: (profile id, slices, memory eighths, SMs), the rows of the NVIDIA MIG User
+#: Guide's "Supported MIG Profiles" tables for A100-80GB, H100 and H200 (1g, 1g with twice the
+#: memory, 2g, 3g, 4g, 7g); memory = that fraction of the captured total (modelled: the driver's
+#: exact MiB are not published); SM counts are H100's.
+_MIG_SLICES = (
     (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 1, 1, 16),
     (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 1, 2, 16),
     (nv.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 2, 2, 32),
@@ -347,16 +349,17 @@ _HOPPER_SLICES = (
 )
 
 
-def _hopper_mig(total_mib: int, names: tuple[str, ...]) -> tuple[MigProfile, ...]:
+def _mig_table(total_mib: int, names: tuple[str, ...]) -> tuple[MigProfile, ...]:
     return tuple(
         MigProfile(pid, f"MIG {name}", slices, total_mib * eighths // 8, sms)
-        for (pid, slices, eighths, sms), name in zip(_HOPPER_SLICES, names, strict=True)
+        for (pid, slices, eighths, sms), name in zip(_MIG_SLICES, names, strict=True)
     )
 
 
-H100_MIG = _hopper_mig(81559, ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"))
+A100_MIG = _mig_table(81920, ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"))
+H100_MIG = _mig_table(81559, ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"))
 #: NVIDIA mig-parted's default config lists 1g.18gb/2g.35gb/3g.71gb for the H200 (device 0x233510DE).
-H200_MIG = _hopper_mig(143771, ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"))
+H200_MIG = _mig_table(143771, ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"))
 
 
 def _hopper(capture: str, mig: tuple[MigProfile, ...], index: int, kw: dict[str, Any]) -> FakeGpu:
@@ -382,7 +385,7 @@ def a100(index: int, **kw: Any) -> FakeGpu:
     per the A100 datasheet); no GPM (Hopper and later). PCIe byte counters (197/198) answer
     NotSupported here to exercise the fallback (which GPUs offer them is not documented)."""
     facts = _from_capture("a100_sxm4_80gb", index)
-    facts.update(nvlink_links=12, pcie_counters=False, event_types=0x8 | 0x2 | 0x1 | 0x4)
+    facts.update(nvlink_links=12, pcie_counters=False, event_types=0x8 | 0x2 | 0x1 | 0x4, mig_profiles=A100_MIG)
     facts.update(kw)
     return FakeGpu(index, **facts)
 
