@@ -62,9 +62,10 @@ bench: $(STAMP)
 gpu-check:
 	bash scripts/gpu-check.sh
 
-# The wheels gpu-check needs besides torch, for a GPU machine without network (git-ignored).
+# The wheels gpu-check needs besides torch, for a GPU machine without network (git-ignored; see
+# scripts/GPU-CHECK.md for another Python version or platform than this machine's).
 gpu-wheels:
-	python3 -m pip download -q -d wheels nvidia-ml-py tenacity docker
+	python3 -m pip download -q -d wheels $(GPU_WHEELS_ARGS) nvidia-ml-py tenacity docker tomli
 
 clean:
 	rm -rf $(VENV) agent/src/*.egg-info

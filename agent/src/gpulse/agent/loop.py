@@ -145,6 +145,7 @@ class Agent:
         self.started_mono = time.monotonic()
         self.started_unix = time.time()
         self.stop_reason = ""
+        self.source_failure: str | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._flush_requested = False
@@ -215,6 +216,9 @@ class Agent:
         finally:
             self._shutdown()
             restore_signals()
+        if self.source_failure is not None:
+            print(f"gpulse agent: {self.source_failure}", file=self.stream)
+            return EXIT_FAILURE
         return EXIT_OK
 
     def _start_pipeline(self) -> None:
@@ -318,6 +322,11 @@ class Agent:
             self.cycle_cpu_s += thread_time() - c0
             self.cycle_ms = (time.perf_counter() - t0) * 1e3
             self.samples += 1
+            fatal = self.source.fatal()
+            if fatal is not None:  # only a new process can recover: stop cleanly, exit non-zero
+                self.source_failure = fatal
+                self.request_stop("GPU source failed")
+                break
             stepped = False
             if ts >= next_selfm:
                 self._submit_self_metrics(ts)

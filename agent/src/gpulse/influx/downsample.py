@@ -52,7 +52,6 @@ TIERS: tuple[Tier, ...] = (
     Tier("1m", "1m", RAW, "400d", task_every="10m", task_offset="1m", cq_every="10m", cq_for="1h"),
     Tier("1h", "1h", "1m", "INF", task_every="1h", task_offset="5m", cq_every="1h", cq_for="3h"),
 )
-TIER_BY_NAME = {t.name: t for t in TIERS}
 
 
 def bucket_name(base: str, tier: str) -> str:
