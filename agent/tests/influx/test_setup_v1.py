@@ -85,7 +85,7 @@ def test_a_changed_retention_is_altered_and_a_changed_continuous_query_replaced(
         "updated retention policy gpulse.raw (7d, default)",
     ]
     rows = {r["name"]: r["query"] for r in server.rows("SHOW CONTINUOUS QUERIES")}
-    assert "RESAMPLE EVERY 1h FOR 3h" in rows["gpulse_1h_agent"] and "gpulse_1m_retired" not in rows
+    assert "RESAMPLE EVERY 1h FOR 8h" in rows["gpulse_1h_agent"] and "gpulse_1m_retired" not in rows
     assert setup_v1(conn, raw_retention="7d").changed() == []
 
 
