@@ -21,7 +21,14 @@ from gpulse.influx.downsample import (
     parse_duration,
 )
 from gpulse.influx.query import InfluxQL, QueryError, quote_ident
-from gpulse.influx.setup.common import SetupError, SetupReport, influx_duration, probe, retentions
+from gpulse.influx.setup.common import (
+    SetupError,
+    SetupReport,
+    influx_duration,
+    probe,
+    retentions,
+    shard_group_seconds,
+)
 
 _MANAGED_CQ = re.compile("gpulse_(" + "|".join(re.escape(t.name) for t in TIERS) + ")_")
 
@@ -71,8 +78,11 @@ def setup_v1(conn: Connection, *, raw_retention: str = "30d", minute_retention: 
             _run(ql, f"CREATE RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {spec}", f"create {what}")
             report.add("created", what)
         elif _rp_seconds(cur["duration"]) != secs[rp] or (default and not cur["default"]):
-            alter = f"DURATION {duration}" + (" DEFAULT" if default else "")
-            _run(ql, f"ALTER RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {alter}", f"alter {what}")
+            alter = f"DURATION {duration}" if _rp_seconds(cur["duration"]) != secs[rp] else ""
+            if alter:  # a shorter duration than the current shard duration is refused without a new one
+                alter += f" SHARD DURATION {influx_duration(shard_group_seconds(secs[rp]))}"
+            alter += " DEFAULT" if default else ""
+            _run(ql, f"ALTER RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {alter.strip()}", f"alter {what}")
             report.add("updated", what)
         else:
             report.add("unchanged", what)
