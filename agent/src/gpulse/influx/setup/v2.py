@@ -22,7 +22,15 @@ from typing import Any, TypeVar
 
 from gpulse.influx.connection import Connection
 from gpulse.influx.downsample import RAW, TIERS, bucket_name, flux_query, flux_task, task_name
-from gpulse.influx.setup.common import SetupError, SetupReport, check_health, influx_duration, probe, retentions
+from gpulse.influx.setup.common import (
+    SetupError,
+    SetupReport,
+    check_health,
+    influx_duration,
+    probe,
+    retentions,
+    shard_group_seconds,
+)
 
 log = logging.getLogger("gpulse.setup")
 T = TypeVar("T")
@@ -111,14 +119,37 @@ def find_org(conn: Connection, client: Any) -> Any:
         orgs = []
     if not orgs:
         visible = [o.name for o in _call(conn, "list orgs", orgs_api.find_organizations)]
-        hint = f"orgs this token sees: {', '.join(visible)}" if visible else "this token sees no org"
-        raise SetupError(f"org {conn.org!r} does not exist on {conn.url} ({hint}); pass --org")
+        if not visible:  # 2.9 leaves out the orgs a token may not read (authorizer.AuthorizeFindOrganizations)
+            raise SetupError(
+                f"the token from {conn.token_source or 'nowhere'} sees no org on {conn.url}: it lacks read permission "
+                "on orgs; use the operator (admin) token, e.g. --token-file secrets/influxdb-admin-token"
+            )
+        raise SetupError(
+            f"org {conn.org!r} does not exist on {conn.url} (orgs this token sees: {', '.join(visible)}); pass --org"
+        )
     return orgs[0]
 
 
 def _retention_seconds(bucket: Any) -> int:
     rules = [r for r in (bucket.retention_rules or []) if (r.type or "expire") == "expire"]
     return int(rules[0].every_seconds or 0) if rules else 0
+
+
+def find_bucket(conn: Connection, client: Any, org_id: str, name: str) -> Any | None:
+    """The bucket ``name`` of an org, or None: InfluxDB 2.9 answers a name that does not exist with 404
+    ``bucket "N" not found`` (``tenant/service_bucket.go`` FindBuckets -> ``GetBucketByName``), and a
+    bucket the token may not read with an empty list."""
+    from influxdb_client.rest import ApiException
+
+    try:
+        found = client.buckets_api().find_buckets(org_id=org_id, name=name).buckets or []
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise _api_error(conn, f"look up bucket {name}", e) from None
+    except (OSError, ValueError) as e:
+        raise SetupError(f"cannot reach {conn.url} to look up bucket {name}: {e}") from None
+    return next((b for b in found if b.name == name), None)
 
 
 def ensure_buckets(
@@ -132,8 +163,7 @@ def ensure_buckets(
         name, want = bucket_name(conn.bucket, tier), secs[tier]
         rules = [BucketRetentionRules(type="expire", every_seconds=want)] if want else []
         what = f"bucket {name} (retention {influx_duration(want)})"
-        found = _call(conn, f"look up bucket {name}", api.find_buckets, org_id=org.id, name=name).buckets or []
-        found = [b for b in found if b.name == name]
+        found = [b for b in [find_bucket(conn, client, org.id, name)] if b is not None]
         if not found:
             out[tier] = _call(
                 conn, f"create bucket {name}", api.create_bucket,
@@ -143,7 +173,13 @@ def ensure_buckets(
             continue
         bucket = found[0]
         if _retention_seconds(bucket) != want:
-            bucket.retention_rules = rules or [BucketRetentionRules(type="expire", every_seconds=0)]
+            # With the shard-group duration a new bucket of this retention gets: 2.9 refuses (422) a
+            # retention shorter than the current one otherwise. An empty rule list would change nothing.
+            bucket.retention_rules = [
+                BucketRetentionRules(
+                    type="expire", every_seconds=want, shard_group_duration_seconds=shard_group_seconds(want)
+                )
+            ]
             bucket = _call(conn, f"update bucket {name}", api.update_bucket, bucket)
             report.add("updated", what)
         else:
@@ -173,8 +209,10 @@ def ensure_dbrps(conn: Connection, client: Any, org: Any, buckets: dict[str, Any
             body = DBRPCreate(org_id=org.id, bucket_id=bucket.id, database=db, retention_policy=rp, default=default)
             _call(conn, f"create {what}", svc.post_dbrp, body)
             report.add("created", what)
-        elif bool(cur.default) != default:
-            _call(conn, f"update {what}", svc.patch_dbrpid, cur.id, DBRPUpdate(default=default), org_id=org.id)
+        elif default and not cur.default:
+            # Only ever set the default: 2.9 takes it from the other mappings of the database, while
+            # unsetting one hands it to whichever mapping comes first (dbrp/service.go Update).
+            _call(conn, f"update {what}", svc.patch_dbrpid, cur.id, DBRPUpdate(default=True), org_id=org.id)
             report.add("updated", what)
         else:
             report.add("unchanged", what)
@@ -209,17 +247,26 @@ def ensure_tasks(conn: Connection, client: Any, org: Any, report: SetupReport) -
 
 
 def _token_reads(conn: Connection, token: str, org: Any, names: list[str]) -> bool:
-    """Does ``token`` work and read every one of ``names``? (With hashed tokens this is the only way to tell.)"""
+    """Does ``token`` work and read every one of ``names``? (With hashed tokens this is the only way to tell.)
+
+    One name lookup per bucket: 2.9 pages a bucket list before it filters it by permission
+    (``tenant/middleware_bucket_auth.go`` FindBuckets), so in an org with many buckets a listed page
+    need not hold the buckets this token reads. A lookup answers the bucket when the token reads it,
+    an empty list when it may not, and 401 when the token is unknown.
+    """
     from influxdb_client.rest import ApiException
 
     with _client(conn, token) as c:
-        try:
-            seen = {b.name for b in c.buckets_api().find_buckets(org_id=org.id, limit=100).buckets or []}
-        except ApiException as e:
-            if e.status in (401, 403):
+        for name in names:
+            try:
+                found = c.buckets_api().find_buckets(org_id=org.id, name=name).buckets or []
+            except ApiException as e:
+                if e.status in (401, 403, 404):
+                    return False
+                raise SetupError(f"cannot check the Grafana token: HTTP {e.status} {_server_message(e)}") from None
+            if not any(b.name == name for b in found):
                 return False
-            raise SetupError(f"cannot check the Grafana token: HTTP {e.status} {_server_message(e)}") from None
-    return set(names) <= seen
+    return True
 
 
 def ensure_grafana_token(
