@@ -180,10 +180,8 @@ def _loc(node: dict[str, Any]) -> str:
 
 def flux_syntax_error(src: str) -> str | None:
     """The first error ``ast.Check`` finds, worded as ``ast.GetErrors`` wraps it (``loc L:C-L:C: msg``)."""
-    tree = flux_parser.parse(src)
-    for n in flux_parser.nodes(tree):
-        for e in n.get("errors") or []:
-            return f"loc {_loc(n)}: {e['msg']}" if "location" in n else e["msg"]
+    for node, msg in flux_parser.errors(flux_parser.parse(src)):
+        return f"loc {_loc(node)}: {msg}" if "location" in node else msg
     return None
 
 

@@ -70,9 +70,33 @@ def nodes(tree: Any) -> Iterator[dict[str, Any]]:
             yield from nodes(item)
 
 
+def errors(tree: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """(node, message) of every error, in source order: the parser's, then what Go's ``ast.Check``
+    (flux ``ast/check.go``) adds to the parsed tree before InfluxDB accepts it (a binary expression
+    without an operator, a pipe without a call, an object mixing implicit and explicit properties)."""
+    out = []
+    for n in nodes(tree):
+        out += [(n, e["msg"]) for e in n.get("errors") or []]
+        kind = n.get("type")
+        if kind == "BinaryExpression":
+            if not n.get("left"):
+                out.append((n, "missing left hand side of expression"))
+            if not n.get("right"):
+                out.append((n, "missing right hand side of expression"))
+            if n.get("operator") in (None, "", "<INVALID_OP>"):  # Go: Operator == InvalidOperator (0)
+                out.append((n, "expected an operator between two expressions"))
+        elif kind == "PipeExpression" and not n.get("call"):
+            out.append((n, "pipe destination is missing"))
+        elif kind == "ObjectExpression":
+            props = n.get("properties") or []
+            if any(p.get("value") is None for p in props) and any(p.get("value") is not None for p in props):
+                out.append((n, "cannot mix implicit and explicit properties"))
+    return out
+
+
 def syntax_errors(tree: dict[str, Any]) -> list[str]:
-    """The parser's messages, in source order (``ast.Check`` / ``ast.GetError`` report the first)."""
-    return [e["msg"] for n in nodes(tree) for e in n.get("errors") or []]
+    """The messages of :func:`errors` (``ast.GetError`` reports the first)."""
+    return [msg for _, msg in errors(tree)]
 
 
 def assignments(tree: dict[str, Any]) -> dict[str, dict[str, Any]]:
