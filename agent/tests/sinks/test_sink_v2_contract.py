@@ -2,9 +2,9 @@
 
 No InfluxDB 2 runs in CI, so ``support.fake_influx_v2.FakeInfluxV2`` stands in for it: a real
 HTTP server on 127.0.0.1 that checks the token, org, bucket, precision and gzip, parses lines,
-answers every documented code, and stores what it accepts. The client side is the real
-``influxdb-client`` synchronous write API. Each test asserts exactly how many lines end written,
-dead-lettered and spooled.
+answers every documented code, and stores what it accepts. The client side is gpulse's own sink on
+``gpulse.influx.http``; one test proves its request is the one InfluxData's own ``influxdb-client``
+sends for the same lines. Each test asserts exactly how many lines end written, dead-lettered and spooled.
 """
 
 from __future__ import annotations

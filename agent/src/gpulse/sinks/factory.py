@@ -22,6 +22,7 @@ def build_sinks(conn: Connection | None, record_path: str | None) -> list[Sink]:
                     conn.v1_credentials,
                     timeout_s=conn.timeout_s,
                     verify_ssl=conn.verify_ssl,
+                    token_source=conn.token_source,
                 )
             )
         else:
@@ -29,7 +30,13 @@ def build_sinks(conn: Connection | None, record_path: str | None) -> list[Sink]:
 
             sinks.append(
                 InfluxV2Sink(
-                    conn.url, conn.token, conn.org, conn.bucket, timeout_s=conn.timeout_s, verify_ssl=conn.verify_ssl
+                    conn.url,
+                    conn.token,
+                    conn.org,
+                    conn.bucket,
+                    timeout_s=conn.timeout_s,
+                    verify_ssl=conn.verify_ssl,
+                    token_source=conn.token_source,
                 )
             )
     if record_path:

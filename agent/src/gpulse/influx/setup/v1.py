@@ -21,6 +21,7 @@ from gpulse.influx.downsample import (
     parse_duration,
 )
 from gpulse.influx.query import InfluxQL, QueryError, quote_ident
+from gpulse.influx.server import refused_credentials
 from gpulse.influx.setup.common import (
     SetupError,
     SetupReport,
@@ -42,9 +43,9 @@ def _run(ql: InfluxQL, q: str, what: str) -> list[dict]:
         return ql.rows(q, db="")
     except QueryError as e:
         if e.status == 401:
+            refused = refused_credentials(ql.conn, 401)
             raise SetupError(
-                f"InfluxDB at {ql.conn.url} refused the credentials from {ql.conn.token_source or 'nowhere'} "
-                "(401): for --api v1 the token file holds user:password of an admin user"
+                f"{refused.detail} (HTTP 401: {e.message}): for --api v1 the token file holds user:password of an admin user"
             ) from None
         if e.status == 403:
             raise SetupError(f"cannot {what}: the user lacks the admin privilege setup needs (403)") from None
@@ -53,9 +54,9 @@ def _run(ql: InfluxQL, q: str, what: str) -> list[dict]:
 
 def setup_v1(conn: Connection, *, raw_retention: str = "30d", minute_retention: str | None = None) -> SetupReport:
     """Create or bring up to date everything gpulse needs on an InfluxDB 1.x server."""
-    info = probe(conn.url or "", conn.timeout_s)
-    if not info.version.startswith("1."):
-        raise SetupError(f"{conn.url} is InfluxDB {info.version}, not 1.x: use --api v2")
+    wrong = probe(conn.url or "", conn.timeout_s).mismatch("v1", admin=True)
+    if wrong is not None:
+        raise SetupError(str(wrong))
     secs = retentions(raw_retention, minute_retention)
     ql = InfluxQL(conn)
     db = conn.database
