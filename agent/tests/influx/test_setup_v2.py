@@ -213,7 +213,7 @@ def test_a_wrong_token_is_a_clear_error_and_changes_nothing(fake, tmp_path, clea
     bad.chmod(0o600)
     r = run_setup(fake, bad, clean_env)
     assert r.returncode == 1
-    assert "refused the token" in r.stderr and "401" in r.stderr and "unauthorized access" in r.stderr
+    assert "refused the credentials (token) from file" in r.stderr and "401 unauthorized access" in r.stderr
     assert "not-the-token" not in r.stderr
     assert fake.writes() == []
 
