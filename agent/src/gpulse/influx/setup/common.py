@@ -16,7 +16,16 @@ from gpulse.influx.downsample import RAW, RAW_RETENTION, TIERS, parse_duration
 from gpulse.influx.http import HttpClient, TransportError
 from gpulse.influx.server import ServerInfo
 
-__all__ = ["ServerInfo", "SetupError", "SetupReport", "check_health", "influx_duration", "probe", "retentions"]
+__all__ = [
+    "ServerInfo",
+    "SetupError",
+    "SetupReport",
+    "check_health",
+    "influx_duration",
+    "probe",
+    "retentions",
+    "shard_group_seconds",
+]
 
 
 class SetupError(Exception):

@@ -119,13 +119,16 @@ def downsample_now(conn: Connection, start_ns: int, end_ns: int) -> int:
     """Run the continuous queries' ``SELECT ... INTO`` once over ``[start, end)`` (1m, then 1h); points written.
 
     Continuous queries only look back ``RESAMPLE FOR``; this fills the downsampled retention
-    policies for older data at once (``gpulse demo``, backfills). Windows are widened to whole windows.
+    policies for older data at once (``gpulse recompute``, ``gpulse demo``). Windows are widened to whole windows.
     """
     ql = InfluxQL(conn)
     written = 0
-    for tier in TIERS:
-        for m in downsampled_measurements():
-            q = influxql_select(tier, m.name, conn.database, start_ns, end_ns)
-            for row in _run(ql, q, f"downsample {m.name} to {tier.name}"):
-                written += int(row.get("written") or 0)
+    try:
+        for tier in TIERS:
+            for m in downsampled_measurements():
+                q = influxql_select(tier, m.name, conn.database, start_ns, end_ns)
+                for row in _run(ql, q, f"downsample {m.name} to {tier.name}"):
+                    written += int(row.get("written") or 0)
+    finally:
+        ql.close()
     return written
