@@ -1162,3 +1162,52 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._serve("DELETE")
+
+
+def init_like_the_official_image(url: str, env: dict[str, str]) -> dict[str, Any]:
+    """What the official ``influxdb:2.9`` image's entrypoint does on a first start, against ``url``.
+
+    ``influxdata/influxdata-docker`` ``influxdb/2.9/entrypoint.sh``: the ``*_FILE`` variables of the user
+    name, password and admin token are read with ``$(cat FILE)`` (trailing newlines dropped; a missing
+    file is skipped), ``DOCKER_INFLUXDB_INIT_{USERNAME,PASSWORD,ORG,BUCKET}`` are required, and
+    ``setup_influxd`` runs ``influx setup --force ... [--retention R] [--token T]``, which (``influx-cli``
+    ``clients/setup/setup.go`` ``Setup``) asks ``GET /api/v2/setup`` and then ``POST /api/v2/setup`` with
+    ``retentionPeriodSeconds``. Returns the onboarding answer. (The IDs the entrypoint then exports
+    for init scripts are not needed here.)
+    """
+    from gpulse.influx.downsample import parse_duration
+
+    values = dict(env)
+    for key in ("PASSWORD", "USERNAME", "ADMIN_TOKEN"):
+        path = env.get(f"DOCKER_INFLUXDB_INIT_{key}_FILE")
+        if path:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    values[f"DOCKER_INFLUXDB_INIT_{key}"] = f.read().rstrip("\n")
+            except FileNotFoundError:
+                pass  # "defined, but file not existing, skipping."
+    if values.get("DOCKER_INFLUXDB_INIT_MODE") != "setup":
+        raise ValueError("only DOCKER_INFLUXDB_INIT_MODE=setup is followed here")
+    missing = [k for k in ("USERNAME", "PASSWORD", "ORG", "BUCKET") if not values.get(f"DOCKER_INFLUXDB_INIT_{k}")]
+    if missing:
+        raise ValueError(f"missing parameter, cannot init InfluxDB: {missing}")
+    with urllib.request.urlopen(f"{url}/api/v2/setup", timeout=10) as r:
+        if not json.loads(r.read())["allowed"]:
+            raise ValueError("instance has already been set up")
+    body: dict[str, Any] = {
+        "username": values["DOCKER_INFLUXDB_INIT_USERNAME"],
+        "password": values["DOCKER_INFLUXDB_INIT_PASSWORD"],
+        "org": values["DOCKER_INFLUXDB_INIT_ORG"],
+        "bucket": values["DOCKER_INFLUXDB_INIT_BUCKET"],
+        "retentionPeriodSeconds": parse_duration(values.get("DOCKER_INFLUXDB_INIT_RETENTION") or "0") // 10**9,
+    }
+    if values.get("DOCKER_INFLUXDB_INIT_ADMIN_TOKEN"):
+        body["token"] = values["DOCKER_INFLUXDB_INIT_ADMIN_TOKEN"]
+    req = urllib.request.Request(
+        f"{url}/api/v2/setup",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
