@@ -18,7 +18,7 @@ from statistics import mean
 import pytest
 from support import flux_parser
 from support.fake_influx_v2_admin import FakeInfluxV2Admin
-from support.fixtures import gpulse_cmd
+from support.fixtures import REPO, gpulse_cmd
 from support.influxd import InfluxDB1
 
 from gpulse.cli.commands.recompute import chunks, parse_time
@@ -211,3 +211,28 @@ def test_points_within_the_lookback_need_no_advice_older_ones_get_the_command():
         "gpulse", "recompute", "--start", "2027-01-14T01:00:00Z", "--stop", "2027-01-14T04:00:00Z",
         "--url", "http://db:8086", "--api", "v2", "--org", "ml", "--bucket", "gpu", "--token-file", "/etc/t",
     ]  # fmt: skip
+
+
+def test_the_recompute_commands_the_influxdb_readme_shows_run_as_shown(server, tmp_path, clean_env):
+    text = (REPO / "influxdb" / "README.md").read_text()
+    block = text[text.index("```sh\ngpulse recompute") + len("```sh\n") :]
+    lines = [ln.split("#")[0].strip() for ln in block[: block.index("```")].splitlines() if ln.strip()]
+    assert len(lines) == 2 and all(ln.startswith("gpulse recompute ") for ln in lines)
+    with FakeInfluxV2Admin() as fake:  # the stack `make up` started: its admin token in secrets/
+        (tmp_path / "secrets").mkdir()
+        (tmp_path / "secrets" / "influxdb-admin-token").write_text(fake.state.operator_token + "\n")
+        (tmp_path / "secrets" / "influxdb-admin-token").chmod(0o600)
+        v2 = subprocess.run(
+            gpulse_cmd(*shlex.split(lines[0])[1:]), cwd=tmp_path, env=clean_env | {"GPULSE_URL": fake.url},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert v2.returncode == 0, v2.stderr
+        day = 24 * HOUR
+        jan5 = parse_time("2026-01-05", 0)
+        assert fake.state.queries == [flux_query(t, "gpulse", a, a + day) for a in (jan5, jan5 + day) for t in TIERS]
+    v1 = subprocess.run(
+        gpulse_cmd(*shlex.split(lines[1])[1:]), env=clean_env | {"GPULSE_URL": server.url},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert v1.returncode == 0, v1.stderr
+    assert "(4/4)" in v1.stdout or "(3/3)" in v1.stdout  # 72 h and the hours the range is widened to
