@@ -528,10 +528,13 @@ class FakeInfluxV2Admin(WriteAPI):
             parts = path.split("/")
             if parts[:3] != ["", "api", "v2"] or len(parts) < 4:
                 raise ApiError("not found", "path not found")
+            body = json.loads(raw) if raw and method in ("POST", "PATCH", "PUT") and parts[3] != "query" else None
+            if parts[3] in self.COLLECTIONS:
+                with self.lock:
+                    return self._collection(parts[3], method, parts[4:], params, auth, body)
             endpoint = getattr(self, f"_ep_{parts[3]}", None)
             if endpoint is None:
                 raise ApiError("not found", "path not found")
-            body = json.loads(raw) if raw and method in ("POST", "PATCH", "PUT") and parts[3] != "query" else None
             with self.lock:
                 return endpoint(method, parts[4:], params, auth, body if body is not None else raw)
         except ApiError as e:
@@ -555,6 +558,26 @@ class FakeInfluxV2Admin(WriteAPI):
         )  # fmt: skip
         return Response(201, result)
 
+    #: collections served as ``GET /``, ``POST /``, ``GET /{id}``, ``PATCH /{id}`` (any other method: 405)
+    COLLECTIONS = {
+        "buckets": ("_find_buckets", "_post_bucket", "_get_bucket", "_patch_bucket"),
+        "tasks": ("_find_tasks", "_post_task", "_get_task", "_patch_task"),
+    }
+
+    def _collection(
+        self, name: str, method: str, rest: list[str], q: dict[str, str], auth: dict, body: Any
+    ) -> Response:
+        find, create, read, update = (getattr(self, f) for f in self.COLLECTIONS[name])
+        if not rest and method == "GET":
+            return Response(200, {"links": {"self": f"/api/v2/{name}"}, name: find(auth, q)})
+        if not rest and method == "POST":
+            return create(auth, body or {})
+        if len(rest) == 1 and method == "GET":
+            return read(auth, rest[0])
+        if len(rest) == 1 and method == "PATCH":
+            return update(auth, rest[0], body or {})
+        raise ApiError("method not allowed", "method not allowed")
+
     # -- /api/v2/orgs ---------------------------------------------------------------------------
     def _ep_orgs(self, method: str, rest: list[str], q: dict[str, str], auth: dict, body: Any) -> Response:
         if method != "GET" or rest:
@@ -570,21 +593,12 @@ class FakeInfluxV2Admin(WriteAPI):
         return Response(200, {"links": {"self": "/api/v2/orgs"}, "orgs": visible})
 
     # -- /api/v2/buckets ------------------------------------------------------------------------
-    def _ep_buckets(self, method: str, rest: list[str], q: dict[str, str], auth: dict, body: Any) -> Response:
-        if method == "GET" and not rest:
-            return Response(200, {"links": {"self": "/api/v2/buckets"}, "buckets": self._find_buckets(auth, q)})
-        if method == "POST" and not rest:
-            return self._post_bucket(auth, body or {})
-        if len(rest) == 1:
-            b = self.state.buckets.get(rest[0])
-            if method == "GET":
-                if b is None:
-                    raise ApiError("not found", "bucket not found")
-                self._require_read_bucket(auth, b)
-                return Response(200, self._render_bucket(b))
-            if method == "PATCH":
-                return self._patch_bucket(auth, rest[0], body or {})
-        raise ApiError("method not allowed", "method not allowed")
+    def _get_bucket(self, auth: dict, bucket_id: str) -> Response:
+        b = self.state.buckets.get(bucket_id)
+        if b is None:
+            raise ApiError("not found", "bucket not found")
+        self._require_read_bucket(auth, b)
+        return Response(200, self._render_bucket(b))
 
     def _require_read_bucket(self, auth: dict, b: dict) -> None:
         """``authorizer/authorize.go`` ``AuthorizeReadBucket``: a system bucket needs read on its org."""
@@ -844,21 +858,12 @@ class FakeInfluxV2Admin(WriteAPI):
         return Response(201, self._render_dbrp(d))
 
     # -- /api/v2/tasks --------------------------------------------------------------------------
-    def _ep_tasks(self, method: str, rest: list[str], q: dict[str, str], auth: dict, body: Any) -> Response:
-        if method == "GET" and not rest:
-            return Response(200, {"links": {"self": "/api/v2/tasks"}, "tasks": self._find_tasks(auth, q)})
-        if method == "POST" and not rest:
-            return self._post_task(auth, body or {})
-        if len(rest) == 1:
-            t = self.state.tasks.get(rest[0])
-            if method == "GET":
-                if t is None:
-                    raise ApiError("not found", "failed to find task: task not found")
-                require(auth, "read", "tasks", t["id"], t["orgID"])
-                return Response(200, self._render_task(t))
-            if method == "PATCH":
-                return self._patch_task(auth, rest[0], body or {})
-        raise ApiError("method not allowed", "method not allowed")
+    def _get_task(self, auth: dict, task_id: str) -> Response:
+        t = self.state.tasks.get(task_id)
+        if t is None:
+            raise ApiError("not found", "failed to find task: task not found")
+        require(auth, "read", "tasks", t["id"], t["orgID"])
+        return Response(200, self._render_task(t))
 
     def _find_tasks(self, auth: dict, q: dict[str, str]) -> list[dict[str, Any]]:
         def bad(why: str) -> ApiError:
