@@ -64,7 +64,7 @@ gpu-check:
 
 # The wheels gpu-check needs besides torch, for a GPU machine without network (git-ignored).
 gpu-wheels:
-	python3 -m pip download -q -d wheels nvidia-ml-py tenacity influxdb-client docker
+	python3 -m pip download -q -d wheels nvidia-ml-py tenacity docker
 
 clean:
 	rm -rf $(VENV) agent/src/*.egg-info

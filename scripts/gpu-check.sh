@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
 [ -x "$PY" ] || PY="$(command -v python3)"
 export PYTHONPATH="$PWD/agent/src${PYTHONPATH:+:$PYTHONPATH}"
-deps="import pynvml, tenacity, influxdb_client, docker"
+deps="import pynvml, tenacity, docker"
 if ! "$PY" -c "$deps" 2>/dev/null; then
   if [ ! -d wheels ]; then
     echo "gpu-check: this Python lacks gpulse's dependencies and there is no wheels/ folder; run 'make gpu-wheels' where there is network and bring wheels/ along" >&2
@@ -17,7 +17,7 @@ if ! "$PY" -c "$deps" 2>/dev/null; then
   venv="${TMPDIR:-/tmp}/gpulse-gpu-check-venv"
   # system site packages: a torch already on this machine stays visible
   [ -x "$venv/bin/python" ] || "$PY" -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install -q --no-index --find-links wheels nvidia-ml-py tenacity influxdb-client docker
+  "$venv/bin/python" -m pip install -q --no-index --find-links wheels nvidia-ml-py tenacity docker
   PY="$venv/bin/python"
 fi
 exec "$PY" scripts/gpu_check.py "$@"

@@ -47,7 +47,7 @@ def test_the_other_generation_is_refused_before_anything_is_sent_with_setups_mes
     d = e.value.diagnosis
     assert d.problem is Problem.WRONG_API
     assert str(d) == (
-        f"{influxdb_module.url} is InfluxDB {probe(influxdb_module.url).version}; "
+        f"{influxdb_module.url} is InfluxDB {probe(influxdb_module.url).version}: "
         "use --api v1 (with --token-file holding user:password)"
     )
 
@@ -88,7 +88,7 @@ def test_a_missing_retention_policy_is_a_layout_problem_not_credentials():
         d = diagnose(conn, status, "retention policy not found: nosuchrp")
         assert d.problem is Problem.LAYOUT
         assert d.detail == "retention policy 'nosuchrp' does not exist on database 'gpulse'"
-        assert "gpulse setup --api v1" in d.fix and "--bucket gpulse/RP" in d.fix
+        assert "--bucket gpulse/POLICY" in d.fix and "--bucket gpulse for the database's default" in d.fix
     d = diagnose(v1(bucket="nosuchdb"), 404, 'database not found: "nosuchdb"')
     assert d.problem is Problem.LAYOUT and "'nosuchdb' does not exist" in d.detail
     d = diagnose(v2(bucket="nope"), 404, 'bucket "nope" not found')

@@ -73,6 +73,29 @@ def test_batches_arrive_in_order_gzipped_with_token_org_bucket_and_ns_precision(
     assert s["last_write_unix"] is not None and s["write_latency_ms"] > 0
 
 
+def test_the_write_request_is_the_one_influxdatas_own_client_sends(fake):
+    """Same lines through gpulse's sink and through ``influxdb-client`` (the reference, in the test extra only):
+    the same endpoint, parameters, credentials, encoding and body, and nothing but one request each."""
+    from influxdb_client import InfluxDBClient, WritePrecision
+    from influxdb_client.client.write_api import SYNCHRONOUS
+
+    lines = [lp(i) for i in range(3)] + ['m,host=h\\ x s="é \\"q\\"" 7\n']
+    sink = InfluxV2Sink(fake.url, TOKEN, "gpulse", "gpulse")
+    sink.write(lines)
+    sink.close()
+    with InfluxDBClient(url=fake.url, token=TOKEN, org="gpulse", enable_gzip=True) as client:
+        client.write_api(write_options=SYNCHRONOUS).write(
+            bucket="gpulse", org="gpulse", record="".join(lines).encode(), write_precision=WritePrecision.NS
+        )
+    ours, theirs = fake.requests
+    assert ours.status == theirs.status == 204
+    assert ours.params == theirs.params == {"org": "gpulse", "bucket": "gpulse", "precision": "ns"}
+    for header in ("Authorization", "Content-Encoding", "Accept"):
+        assert ours.headers[header] == theirs.headers[header], header
+    assert ours.headers["Content-Type"].split(";")[0] == theirs.headers["Content-Type"] == "text/plain"
+    assert ours.gzip and fake.lines == lines + lines
+
+
 def test_batches_are_cut_by_bytes_and_by_the_flush_interval(fake, tmp_path):
     d = delivery(fake, tmp_path, max_bytes=1000, flush_interval=0.2)
     lines = [lp(i) for i in range(100)]  # 34-35 bytes each

@@ -11,7 +11,9 @@ server managed to send, ``connections`` the connections it accepted.
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +30,8 @@ class RawRequest:
 @dataclass
 class RawHTTPServer:
     behaviour: Callable[[socket.socket, RawRequest, RawHTTPServer], bool]
+    #: serve HTTPS with this server context (its certificate and key loaded)
+    tls: ssl.SSLContext | None = None
     requests: list[RawRequest] = field(default_factory=list)
     connections: int = 0
     sent: int = 0
@@ -37,7 +41,8 @@ class RawHTTPServer:
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.1)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        scheme = "https" if self.tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self._listener.getsockname()[1]}"
         self._socks: list[socket.socket] = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
@@ -51,10 +56,8 @@ class RawHTTPServer:
         with self._lock:
             socks = list(self._socks)
         for s in socks:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self._listener.close()
 
     def send(self, sock: socket.socket, data: bytes) -> None:
@@ -76,6 +79,14 @@ class RawHTTPServer:
             threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                sock.settimeout(5)
+                sock = self.tls.wrap_socket(sock, server_side=True)
+                sock.settimeout(None)
+            except (OSError, ssl.SSLError):  # a client that refuses our certificate
+                sock.close()
+                return
         reader = sock.makefile("rb")
         try:
             while not self.stopping.is_set():

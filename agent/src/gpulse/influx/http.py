@@ -30,8 +30,8 @@ The API (stable: setup, the sinks, InfluxQL and the probe all use it)::
 
 ``request`` returns a :class:`Response` for every status; only a failure to get a complete answer
 raises (:class:`TransportError`, with a :class:`Failure` saying which). ``call`` (and its short forms
-``get_json``, ``post_json``, ``patch_json``, ``delete``) sends ``json=`` and decodes the answer,
-raising :class:`HTTPStatusError` for a non-2xx status. One client holds one keep-alive
+``get_json``, ``post_json``, ``patch_json``, ``delete``) sends ``json=`` and decodes the answer (up to
+16 MiB, ``max_body=`` for more), raising :class:`HTTPStatusError` for a non-2xx status. One client holds one keep-alive
 connection and sends one request at a time (a lock serialises callers).
 """
 
@@ -63,8 +63,10 @@ if TYPE_CHECKING:
     from gpulse.influx.connection import Connection
 
 DEFAULT_TIMEOUT_S = 10.0
-#: what an answer to a write, a probe or an admin call may hold before it is cut
+#: what an answer to a write or a probe may hold before it is cut
 DEFAULT_MAX_BODY = 64 * 1024
+#: what a JSON answer (:meth:`HttpClient.call`: setup's lists of buckets, tasks with their scripts) may hold
+JSON_MAX_BODY = 16 * 1024 * 1024
 USER_AGENT = f"gpulse/{__version__}"
 _READ_CHUNK = 64 * 1024
 
@@ -267,22 +269,25 @@ class HttpClient:
         params: Mapping[str, Any] | None = None,
         json: Any = None,
         timeout_s: float | None = None,
+        max_body: int = JSON_MAX_BODY,
     ) -> Any:
         """Send ``json`` (if any), return the decoded JSON answer (``None`` when empty).
 
-        Raises :class:`HTTPStatusError` for a non-2xx answer, :class:`TransportError` without one."""
-        r = self.request(method, path, params=params, json=json, timeout_s=timeout_s)
+        Raises :class:`HTTPStatusError` for a non-2xx answer, :class:`TransportError` without one
+        (also for an answer that is not JSON, or larger than ``max_body``)."""
+        r = self.request(method, path, params=params, json=json, timeout_s=timeout_s, max_body=max_body)
         if not r.ok:
             raise HTTPStatusError(r)
         try:
             return r.json()
         except ValueError:
+            what = f"more than {max_body} bytes" if r.truncated else "no valid JSON"
             raise TransportError(
-                self.url, Failure.BROKEN, f"{method} {path} answered HTTP {r.status} without valid JSON"
+                self.url, Failure.BROKEN, f"{method} {path} answered HTTP {r.status} with {what}"
             ) from None
 
-    def get_json(self, path: str, *, params: Mapping[str, Any] | None = None) -> Any:
-        return self.call("GET", path, params=params)
+    def get_json(self, path: str, *, params: Mapping[str, Any] | None = None, max_body: int = JSON_MAX_BODY) -> Any:
+        return self.call("GET", path, params=params, max_body=max_body)
 
     def post_json(self, path: str, json: Any, *, params: Mapping[str, Any] | None = None) -> Any:
         return self.call("POST", path, params=params, json=json)
@@ -340,6 +345,8 @@ class HttpClient:
             try:
                 if conn.sock is None:
                     conn.connect()
+                if self._closed:  # closed while connecting: close() found no socket to cut
+                    raise ConnectionAbortedError()
                 conn.request(method, url, body=payload, headers=headers)
                 resp = conn.getresponse()
                 data, truncated = _read_capped(resp, cap)

@@ -62,9 +62,7 @@ class InfluxQL:
             raise QueryError(e.describe()) from None
         if not r.ok:
             message = r.message()
-            raise QueryError(
-                f"HTTP {r.status}: {message}", r.status, self.explainer.diagnose(r.status, message)
-            ) from None
+            raise QueryError(message, r.status, self.explainer.diagnose(r.status, message)) from None
         try:
             body = r.json() or {}
         except ValueError:

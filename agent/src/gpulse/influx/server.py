@@ -39,11 +39,11 @@ class Diagnosis:
     fix: str
 
     def __str__(self) -> str:
-        return f"{self.detail}; {self.fix}"
+        return f"{self.detail}: {self.fix}"
 
     def explain(self, answer: str) -> str:
         """The diagnosis with the server's own words (``answer``) in the middle."""
-        return f"{self.detail} ({answer}); {self.fix}"
+        return f"{self.detail} ({answer}): {self.fix}"
 
 
 class ServerProblem(Exception):
@@ -131,8 +131,8 @@ def probe_connection(conn: Connection, *, admin: bool = False) -> ServerInfo:
 def unreachable(e: TransportError) -> Diagnosis:
     return Diagnosis(
         Problem.UNREACHABLE,
-        f"{e}; is InfluxDB running there?",
-        "start InfluxDB, or point gpulse at yours with --url (or GPULSE_URL)",
+        str(e),
+        "is InfluxDB running there? Start it, or point gpulse at yours with --url (or GPULSE_URL)",
     )
 
 
@@ -177,10 +177,14 @@ def _setup_fix(conn: Connection) -> str:
 
 
 def missing_retention_policy(conn: Connection) -> Diagnosis:
+    from gpulse.influx.downsample import RAW, TIERS
+
+    made = ", ".join([f"{RAW} (the default)", *(t.name for t in TIERS)])
     return Diagnosis(
         Problem.LAYOUT,
         f"retention policy {conn.retention_policy!r} does not exist on database {conn.database!r}",
-        f"{_setup_fix(conn)}, or name an existing one in --bucket {conn.database}/RP",
+        f"name one that does in --bucket {conn.database}/POLICY, or give --bucket {conn.database} for the "
+        f"database's default (`gpulse setup --api v1` makes {made})",
     )
 
 

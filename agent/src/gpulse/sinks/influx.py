@@ -35,11 +35,23 @@ class InfluxSink(Sink):
     name = "influx"
     path = "/"
 
-    def __init__(self, conn: Connection, params: Mapping[str, str]) -> None:
-        if not conn.url:
-            raise ValueError("a database sink needs a URL")
+    def __init__(
+        self,
+        url: str,
+        api: str,
+        params: Mapping[str, str],
+        *,
+        timeout_s: float = 10.0,
+        verify_ssl: bool = True,
+        token_source: str = "",
+        **where: str,
+    ) -> None:
+        """``where``: the :class:`Connection` fields that name the destination (bucket, org, token)."""
+        conn = Connection(
+            url=url.rstrip("/"), api=api, timeout_s=timeout_s, verify_ssl=verify_ssl, token_source=token_source, **where
+        )
         self.conn = conn
-        self.url = conn.url
+        self.url = conn.url or ""
         self.params = dict(params)
         self.http = HttpClient.for_connection(conn)
         self.explainer = Explainer(conn)

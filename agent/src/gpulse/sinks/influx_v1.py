@@ -5,7 +5,8 @@ Credentials (``user:password`` from the token file) travel as HTTP Basic auth, n
 
 from __future__ import annotations
 
-from gpulse.influx.connection import Connection
+from typing import Any
+
 from gpulse.sinks.influx import InfluxSink
 
 
@@ -18,27 +19,16 @@ class InfluxV1Sink(InfluxSink):
         database: str,
         retention_policy: str = "",
         credentials: tuple[str, str] | None = None,
-        *,
-        timeout_s: float = 10.0,
-        verify_ssl: bool = True,
-        token_source: str = "",
+        **options: Any,
     ) -> None:
+        """``options``: ``timeout_s``, ``verify_ssl``, ``token_source`` (see :class:`InfluxSink`)."""
         self.database, self.retention_policy = database, retention_policy
         params = {"db": database, "precision": "n"}
         if retention_policy:
             params["rp"] = retention_policy
         bucket = f"{database}/{retention_policy}" if retention_policy else database
         token = ":".join(credentials) if credentials else ""
-        conn = Connection(
-            url=url.rstrip("/"),
-            api="v1",
-            bucket=bucket,
-            token=token,
-            token_source=token_source,
-            timeout_s=timeout_s,
-            verify_ssl=verify_ssl,
-        )
-        super().__init__(conn, params)
+        super().__init__(url, "v1", params, bucket=bucket, token=token, **options)
 
     def describe(self) -> str:
         rp = f"/{self.retention_policy}" if self.retention_policy else ""

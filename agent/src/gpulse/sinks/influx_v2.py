@@ -6,37 +6,19 @@ batching (a client library's batching mode would keep its own unbounded queue an
 
 from __future__ import annotations
 
-from gpulse.influx.connection import Connection
+from typing import Any
+
 from gpulse.sinks.influx import InfluxSink
 
 
 class InfluxV2Sink(InfluxSink):
     path = "/api/v2/write"
 
-    def __init__(
-        self,
-        url: str,
-        token: str,
-        org: str,
-        bucket: str,
-        *,
-        timeout_s: float = 10.0,
-        verify_ssl: bool = True,
-        token_source: str = "",
-    ) -> None:
+    def __init__(self, url: str, token: str, org: str, bucket: str, **options: Any) -> None:
+        """``options``: ``timeout_s``, ``verify_ssl``, ``token_source`` (see :class:`InfluxSink`)."""
         self.org, self.bucket = org, bucket
-        conn = Connection(
-            url=url.rstrip("/"),
-            api="v2",
-            org=org,
-            bucket=bucket,
-            token=token,
-            token_source=token_source,
-            timeout_s=timeout_s,
-            verify_ssl=verify_ssl,
-        )
         params = {"org": org, "bucket": bucket, "precision": "ns"}
-        super().__init__(conn, params)
+        super().__init__(url, "v2", params, org=org, bucket=bucket, token=token, **options)
 
     def describe(self) -> str:
         return f"InfluxDB v2 API at {self.url} (org {self.org}, bucket {self.bucket})"
