@@ -236,3 +236,35 @@ def test_the_recompute_commands_the_influxdb_readme_shows_run_as_shown(server, t
     )  # fmt: skip
     assert v1.returncode == 0, v1.stderr
     assert "(4/4)" in v1.stdout or "(3/3)" in v1.stdout  # 72 h and the hours the range is widened to
+
+
+def test_upload_of_an_old_recording_prints_the_recompute_command_and_it_fills_both_tiers(server, tmp_path, clean_env):
+    old = (time.time_ns() // HOUR - 50) * HOUR  # two days ago: past every look-back, inside the raw retention
+    recording = tmp_path / "node.lp"
+    recording.write_text(
+        "".join(gpu_line(old + m * MINUTE + s * 10**9, float(m), "0") for m in range(3) for s in (0, 30))
+    )
+    up = subprocess.run(
+        gpulse_cmd("upload", str(recording), "--api", "v1", "--url", server.url, "--bucket", "gpulse"),
+        env=clean_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    assert "older than the 6h the downsampling re-aggregates by itself" in up.stdout
+    command = up.stdout.strip().splitlines()[-1].strip()
+    assert command.startswith("gpulse recompute ")
+    assert server.rows('SELECT * FROM "gpulse"."1m"."gpu"') == []  # no continuous query reaches that far back
+    r = subprocess.run(
+        gpulse_cmd(*shlex.split(command)[1:]), env=clean_env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    minutes = server.rows('SELECT "util_gpu_pct" FROM "gpulse"."1m"."gpu"', epoch="ns")
+    assert [(m["time"], m["util_gpu_pct"]) for m in minutes] == [(old + m * MINUTE, float(m)) for m in range(3)]
+    assert server.rows('SELECT "util_gpu_pct" FROM "gpulse"."1h"."gpu"', epoch="ns")[0]["util_gpu_pct"] == 1.0
+
+    recent = tmp_path / "recent.lp"
+    recent.write_text(gpu_line(time.time_ns() - 10 * MINUTE, 5.0))
+    quiet = subprocess.run(
+        gpulse_cmd("upload", str(recent), "--api", "v1", "--url", server.url, "--bucket", "gpulse"),
+        env=clean_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert quiet.returncode == 0 and "recompute" not in quiet.stdout
