@@ -67,6 +67,7 @@ TIERS: tuple[Tier, ...] = (
     Tier("1m", "1m", RAW, "400d", every="10m", offset="1m", lookback="6h"),
     Tier("1h", "1h", "1m", "INF", every="1h", offset="5m", lookback="8h"),
 )
+TIER_BY_NAME = {t.name: t for t in TIERS}
 
 
 def bucket_name(base: str, tier: str) -> str:
