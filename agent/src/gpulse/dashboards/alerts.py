@@ -125,6 +125,17 @@ def _threshold(ref_id: str, source: str, op: str, limit: float) -> Json:
     )
 
 
+def _above(uid: str, title: str, sql: str, window_s: int, value_ref: str, limit: float, **kw: Any) -> Rule:
+    """A rule on one query: its last value per series (``value_ref``) above ``limit``."""
+    return Rule(
+        uid,
+        title,
+        (AlertQuery("A", sql, window_s),),
+        (_reduce(value_ref, "A"), _threshold("C", value_ref, "gt", limit)),
+        **kw,
+    )
+
+
 def _catalogue() -> list[Rule]:
     nd, ah = node.build(), agent_health.build()
     by_gpu = 'WHERE $timeFilter GROUP BY "host", "gpu"'
@@ -158,11 +169,13 @@ def _catalogue() -> list[Rule]:
             "3. If it is abandoned, stop it (`kill <pid>`, `docker stop <container>`); memory is freed when the "
             "process exits.",
         ),
-        Rule(
+        _above(
             "gpulse-gpu-throttled",
             "GPU throttled more than 20 % of the time",
-            (AlertQuery("A", f'SELECT mean("throttled") * 100 FROM "gpu" {by_gpu}', 900),),
-            (_reduce("throttled", "A"), _threshold("C", "throttled", "gt", 20)),
+            f'SELECT mean("throttled") * 100 FROM "gpu" {by_gpu}',
+            900,
+            "throttled",
+            20,
             summary=f"{GPU} was throttled {value('throttled')} % of the last 15 minutes",
             description=f"{GPU} had its clocks held back by power, thermal, hardware-slowdown or sync-boost reasons "
             f"{value('throttled', '%.1f')} % of the time over the last 15 minutes (alert above 20 %).",
@@ -178,11 +191,13 @@ def _catalogue() -> list[Rule]:
             "airflow, blanking panels and the data-centre inlet temperature.\n"
             "3. `nvidia-smi -q -d PERFORMANCE` shows the same reasons on the host.",
         ),
-        Rule(
+        _above(
             "gpulse-gpu-hot",
             "GPU temperature above 85 °C",
-            (AlertQuery("A", f'SELECT mean("temp_gpu_c") FROM "gpu" {by_gpu}', 300),),
-            (_reduce("temperature", "A"), _threshold("C", "temperature", "gt", 85)),
+            f'SELECT mean("temp_gpu_c") FROM "gpu" {by_gpu}',
+            300,
+            "temperature",
+            85,
             summary=f"{GPU} runs at {value('temperature')} °C",
             description=f"{GPU} averaged {value('temperature', '%.1f')} °C over the last 5 minutes (alert above "
             "85 °C, where most data-centre GPUs start to slow down).",
@@ -196,17 +211,13 @@ def _catalogue() -> list[Rule]:
             "2. Check the fan line of the same panel and **Throttle reasons**: thermal throttling follows soon.\n"
             "3. Fix airflow (blanking panels, cable clutter, failed fans) before raising fan curves.",
         ),
-        Rule(
+        _above(
             "gpulse-gpu-xid",
             "GPU XID event",
-            (
-                AlertQuery(
-                    "A",
-                    'SELECT count("xid") FROM "gpu_event" WHERE "kind" = \'xid\' AND $timeFilter GROUP BY "host", "gpu"',
-                    300,
-                ),
-            ),
-            (_reduce("xids", "A"), _threshold("C", "xids", "gt", 0)),
+            'SELECT count("xid") FROM "gpu_event" WHERE "kind" = \'xid\' AND $timeFilter GROUP BY "host", "gpu"',
+            300,
+            "xids",
+            0,
             summary=f"{GPU} reported {value('xids')} XID error(s)",
             description=f"The driver reported {value('xids')} XID event(s) on {GPU} in the last 5 minutes; the "
             "GPU events table on the Node dashboard has the codes. Some XIDs need a GPU reset or a reboot.",
@@ -222,11 +233,13 @@ def _catalogue() -> list[Rule]:
             "3. Memory and bus errors need the GPU drained, reset (`nvidia-smi -r`) or the node rebooted; "
             "repeated ones are an RMA case.",
         ),
-        Rule(
+        _above(
             "gpulse-gpu-ecc-uncorrected",
             "Uncorrected ECC errors",
-            (AlertQuery("A", f'SELECT max("ecc_uncorrected_volatile") FROM "gpu" {by_gpu}', 3600),),
-            (_reduce("errors", "A"), _threshold("C", "errors", "gt", 0)),
+            f'SELECT max("ecc_uncorrected_volatile") FROM "gpu" {by_gpu}',
+            3600,
+            "errors",
+            0,
             summary=f"{GPU} has {value('errors')} uncorrected ECC error(s) since the driver loaded",
             description=f"{GPU} counted {value('errors')} uncorrected ECC error(s) since the driver last loaded: "
             "data on that GPU may have been corrupted and the job that used it should not be trusted.",

@@ -6,11 +6,14 @@ the first: the dashboard opens on the latest run, not the alphabetically first o
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpulse.dashboards import node
 from gpulse.dashboards.builder import (
     Annotation,
     Column,
     Dashboard,
+    Panel,
     Query,
     Variable,
     bargauge,
@@ -67,6 +70,11 @@ def _sum_over_ranks(field: str, unit: Unit) -> Query:
     )
 
 
+def _stat(title: str, description: str, fn: str, field: str, unit: Unit, **kw: Any) -> Panel:
+    """A stat of one aggregate of one train_step field over the selected ranks and range."""
+    return stat(title, description, Query(f'SELECT {fn}("{field}") FROM "train_step" WHERE {WHERE}', unit), **kw)
+
+
 def build() -> Dashboard:
     d = Dashboard(
         UID,
@@ -112,32 +120,42 @@ def build() -> Dashboard:
 
     d.row(
         "Overview",
-        stat(
+        _stat(
             "Step",
             "Latest global step of the run (the highest of the selected ranks).",
-            Query(f'SELECT max("step") FROM "train_step" WHERE {WHERE}', ID),
+            "max",
+            "step",
+            ID,
         ),
-        stat(
+        _stat(
             "Mean step time",
             "Mean wall time of a step over the selected ranks and range.",
-            Query(f'SELECT mean("step_time_s") FROM "train_step" WHERE {WHERE}', SECONDS),
+            "mean",
+            "step_time_s",
+            SECONDS,
         ),
-        stat(
+        _stat(
             "Mean MFU",
             "Model FLOPs utilisation: achieved / peak FLOP/s (formula in the Run table). Red below 20 %, "
             "yellow below 35 %.",
-            Query(f'SELECT mean("mfu") FROM "train_step" WHERE {WHERE}', RATIO),
+            "mean",
+            "mfu",
+            RATIO,
             thresholds=MFU,
         ),
-        stat(
+        _stat(
             "Mean TFLOP/s per rank",
             "Achieved model TFLOP/s of one rank, averaged over ranks and range.",
-            Query(f'SELECT mean("tflops") FROM "train_step" WHERE {WHERE}', TFLOPS),
+            "mean",
+            "tflops",
+            TFLOPS,
         ),
-        stat(
+        _stat(
             "Tokens/s per rank",
             "Tokens per second of one rank, averaged over ranks and range (the graph below sums the ranks).",
-            Query(f'SELECT mean("tokens_per_s") FROM "train_step" WHERE {WHERE}', TOKENS_PER_S),
+            "mean",
+            "tokens_per_s",
+            TOKENS_PER_S,
         ),
         stat(
             "Data wait share",
@@ -152,10 +170,12 @@ def build() -> Dashboard:
             Query(f'SELECT sum("comm_s") / sum("step_time_s") FROM "train_step" WHERE {WHERE}', RATIO),
             thresholds=rising(0.1, 0.3),
         ),
-        stat(
+        _stat(
             "Peak memory",
             "Highest CUDA memory allocated during a step, over the selected ranks.",
-            Query(f'SELECT max("mem_peak_bytes") FROM "train_step" WHERE {WHERE}', BYTES),
+            "max",
+            "mem_peak_bytes",
+            BYTES,
         ),
     )
     d.row(
