@@ -24,6 +24,12 @@ $(STAMP): agent/pyproject.toml
 
 venv: $(STAMP)
 
+# Grafana's own types, formatter and transformers for the dashboard tests (npm @grafana/schema and
+# @grafana/data at the image's version, pinned in tests/grafana-types/package-lock.json).
+GRAFANA_TYPES := tests/grafana-types/node_modules/.package-lock.json
+$(GRAFANA_TYPES): tests/grafana-types/package-lock.json
+	npm ci --prefix tests/grafana-types --no-audit --no-fund --silent
+
 # make up / make demo: the agent alone is installed into $(VENV) when missing (see scripts/up.sh).
 up:
 	@VENV=$(VENV) bash scripts/up.sh
@@ -34,7 +40,7 @@ demo:
 down:
 	docker compose down
 
-test: $(STAMP)
+test: $(STAMP) $(GRAFANA_TYPES)
 	@bash scripts/ensure-influxd.sh
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -62,9 +68,10 @@ bench: $(STAMP)
 gpu-check:
 	bash scripts/gpu-check.sh
 
-# The wheels gpu-check needs besides torch, for a GPU machine without network (git-ignored).
+# The wheels gpu-check needs besides torch, for a GPU machine without network (git-ignored; see
+# scripts/GPU-CHECK.md for another Python version or platform than this machine's).
 gpu-wheels:
-	python3 -m pip download -q -d wheels nvidia-ml-py tenacity influxdb-client docker
+	python3 -m pip download -q -d wheels $(GPU_WHEELS_ARGS) nvidia-ml-py tenacity docker tomli
 
 clean:
 	rm -rf $(VENV) agent/src/*.egg-info

@@ -1,15 +1,25 @@
-"""2. Sampling cost: the agent's own CPU time per cycle with 8 GPUs on the fake NVML, at 1 Hz and 10 Hz.
+"""2. Sampling cost: the cycle's wall and CPU time per GPU, its NVML calls, and the agent's own CPU.
 
-The real agent (NVML source, encoder, delivery to a real InfluxDB 1.x on loopback, self-metrics,
-event thread) runs
-in a child process for a fixed time; process CPU time is taken in steady state, from after
-start-up to before shutdown, and divided by the cycles completed in between. Every fake NVML function is wrapped to add up the CPU time
-spent inside it; that time stands for the driver's cost and is subtracted, so the figure is
-"everything but the NVML calls". The baseline beside it is the same cycle's NVML (fake) time.
+The NVML figures run on the driver stand-in (``agent/tests/support/fake_pynvml.py``) under the
+real ``pynvml``; it models the documented per-call waits (``nvmlDeviceGetPcieThroughput``: 20 ms),
+so a cycle that calls it shows it in its wall time. No GPU was available to this project.
+
+* **The cycle alone** (1 and 8 busy H100s): ``NvmlSource.collect`` run for one simulated minute at
+  1 Hz (60 cycles on a virtual clock: 6 with the ~10 s tier, 1 with the ~60 s tier, 12 with
+  processes), in a child process. Wall and thread-CPU time per cycle (median), the stand-in's C
+  calls per GPU per cycle (a fast-only cycle, the minute's average, the first cycle), and which
+  threads met a built-in wait. ``python bench/bench_sampling.py --cycle --src DIR`` measures
+  another source tree (e.g. the project before a change) against the same stand-in.
+* **The agent** (8 GPUs at 1 Hz and 10 Hz): the real agent (NVML source, encoder, delivery to a
+  real InfluxDB 1.x on loopback, self-metrics, event thread) runs in a child process; process CPU
+  time is taken in steady state and divided by the cycles completed. The CPU time spent inside the
+  stand-in's C functions stands for the driver's cost and is subtracted, so the figure is
+  "everything but the NVML calls"; the baseline beside it is that NVML time.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -19,24 +29,48 @@ from pathlib import Path
 from common import REPO, Table, scale
 from support.influxd import InfluxDB1
 
-_CHILD = r"""
+_CYCLE_CHILD = r"""
+import json, statistics, sys, time
+sys.path[:0] = [{tests!r}, {src!r}]
+from support.fake_pynvml import FakeNvml, fake_h100_node
+try:
+    from gpulse.sources.nvml.source import NvmlSource
+except ImportError:  # the layout before the restructure (gpulse.sources.nvml was a module)
+    from gpulse.sources.nvml import NvmlSource
+S = 1_000_000_000
+T0 = 1_750_000_000 * S
+now = [T0]
+fake = FakeNvml.install(None, gpus=fake_h100_node({n}), clock_ns=lambda: now[0])
+kw = dict(events=False)
+try:
+    src = NvmlSource(clock_ns=lambda: now[0], **kw)
+except TypeError:  # a source without an injectable clock spaces GPM by the cycle timestamps
+    src = NvmlSource(**kw)
+src.open()
+walls, cpus, calls = [], [], []
+for k in range({cycles}):
+    now[0] = T0 + k * S
+    before = sum(fake.calls.values())
+    w, c = time.perf_counter(), time.thread_time()
+    src.collect(now[0])
+    cpus.append(time.thread_time() - c)
+    walls.append(time.perf_counter() - w)
+    calls.append(sum(fake.calls.values()) - before)
+src.close()
+fake.check()
+fast = [c for k, c in enumerate(calls) if k % 5 and k % 10]  # no medium, slow or process tier due
+print(json.dumps(dict(
+    wall_ms=statistics.median(walls) * 1e3, wall_ms_max=max(walls) * 1e3, cpu_ms=statistics.median(cpus) * 1e3,
+    calls_fast=statistics.median(fast) / {n}, calls_avg=sum(calls) / len(calls) / {n}, calls_first=calls[0] / {n},
+    waits=dict(fake.waits),
+)))
+"""
+
+_AGENT_CHILD = r"""
 import argparse, json, sys, time
 sys.path.insert(0, {tests!r})
-import pynvml
 from support.fake_pynvml import FakeNvml, fake_h100_node
 fake = FakeNvml.install(None, gpus=fake_h100_node(8))
-inside = [0]
-def wrap(fn):
-    tt = time.thread_time_ns
-    def timed(*a, **k):
-        t = tt()
-        try:
-            return fn(*a, **k)
-        finally:
-            inside[0] += tt() - t
-    return timed
-for name in FakeNvml.FUNCTIONS:
-    setattr(pynvml, name, wrap(getattr(pynvml, name)))
 from gpulse.cli.commands import agent as cmd
 from gpulse.agent.config import load_config
 from gpulse.agent.loop import Agent
@@ -46,7 +80,7 @@ args = p.parse_args(["--url", {url!r}, "--api", "v1", "--bucket", "gpulse", "--n
 agent = Agent(load_config(args), stream=open("/dev/null", "w"), tty=False)
 marks = []
 def mark():
-    marks.append((time.process_time_ns(), inside[0], agent.samples, agent.cycles_skipped))
+    marks.append((time.process_time_ns(), fake.inside_ns, agent.samples, agent.cycles_skipped))
 import threading
 # Steady state only: from after start-up (probe, threads) to before shutdown (final flush).
 T0 = time.monotonic()
@@ -59,8 +93,17 @@ print(json.dumps({{"cpu_ns": c1 - c0, "nvml_ns": n1 - n0, "samples": s1 - s0, "s
 """
 
 
+def cycle_figures(n_gpus: int, src: Path, cycles: int = 60) -> dict[str, float]:
+    """The cycle alone, on ``n_gpus`` busy H100s, with the source tree at ``src``."""
+    code = _CYCLE_CHILD.format(tests=str(REPO / "agent" / "tests"), src=str(src), n=n_gpus, cycles=cycles)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"cycle child failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def measure(interval: float, duration: float, tmp: Path, url: str) -> dict[str, float]:
-    code = _CHILD.format(
+    code = _AGENT_CHILD.format(
         tests=str(REPO / "agent" / "tests"),
         url=url,
         spool=str(tmp / f"spool-{interval}"),
@@ -83,6 +126,24 @@ def measure(interval: float, duration: float, tmp: Path, url: str) -> dict[str, 
 
 def run(table: Table) -> dict[str, float]:
     out: dict[str, float] = {}
+    src = REPO / "agent" / "src"
+    for n in (1, 8):
+        c = cycle_figures(n, src, cycles=scale(60, 30))
+        table.add(
+            f"NVML cycle, {n} busy H100(s): wall per GPU, ms (stand-in with the documented waits)",
+            f"{c['wall_ms'] / n:.3f}",
+            f"cycle wall {c['wall_ms']:.3f} ms (max {c['wall_ms_max']:.3f}), CPU {c['cpu_ms']:.3f} ms",
+            f"waits on {sorted(c['waits']) or 'no thread'}",
+            "no built-in wait in the cycle",
+        )
+        out[f"cycle_wall_ms_per_gpu_{n}gpu"] = round(c["wall_ms"] / n, 4)
+        if n == 8:
+            table.add(
+                "NVML C calls per GPU per cycle (8 H100s, one simulated minute at 1 Hz)",
+                f"{c['calls_avg']:.2f}",
+                f"fast-only cycle {c['calls_fast']:.0f}, first cycle {c['calls_first']:.0f}",
+            )
+            out["nvml_calls_per_gpu_cycle"] = round(c["calls_avg"], 2)
     with tempfile.TemporaryDirectory() as tmp:
         server = InfluxDB1(Path(tmp) / "influxd").start()
         server.create_database("gpulse")
@@ -100,9 +161,29 @@ def _both(table: Table, tmp: Path, url: str) -> dict[str, float]:
         table.add(
             f"agent CPU per cycle, 8 GPUs at {hz} Hz ({m['samples']:.0f} cycles, {m['skipped']:.0f} skipped), ms",
             f"{m['agent_ms']:.3f}",
-            f"{m['nvml_ms']:.3f} in (fake) NVML calls",
+            f"{m['nvml_ms']:.3f} in (stand-in) NVML calls",
             "",
             "<= 0.3 ms",
         )
         out[key] = round(m["agent_ms"], 4)
     return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="the NVML cycle alone, for one source tree (JSON per GPU count)")
+    ap.add_argument("--cycle", action="store_true", help="only the cycle figures")
+    ap.add_argument("--src", type=Path, default=REPO / "agent" / "src", help="the source tree to measure")
+    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--cycles", type=int, default=60)
+    args = ap.parse_args()
+    if not args.cycle:
+        table = Table()
+        print(json.dumps(run(table)))
+        print(table.render())
+        return
+    for n in args.gpus:
+        print(json.dumps({"gpus": n, **cycle_figures(n, args.src.resolve(), args.cycles)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,9 @@
 """Where the agent's sampling CPU goes: per-thread CPU per cycle, and the cycle's parts alone.
 
-``python bench/profile_sampling.py [INTERVAL]`` (default 0.1 s): runs the real agent on eight fake
-H100s against a real InfluxDB 1.x for 24 s and prints each thread's CPU per cycle (from
+``python bench/profile_sampling.py [INTERVAL]`` (default 0.1 s): runs the real agent on eight
+stand-in H100s against a real InfluxDB 1.x for 24 s and prints each thread's CPU per cycle (from
 ``time.pthread_getcpuclockid``), then times ``NvmlSource.collect`` and ``Encoder.line`` alone
-(the NVML fake's own time shown separately). Not part of ``make bench``: it explains its figure 2.
+(the NVML stand-in's own time shown separately). Not part of ``make bench``: it explains its figure 2.
 """
 
 from __future__ import annotations
@@ -63,31 +63,23 @@ def per_thread(interval: float, url: str, duration: float = 24.0) -> None:
         print(f"  {name:28s} {(t - a.get(name, 0)) / n / 1e6:.3f} ms")
 
 
-def parts_alone(cycles: int) -> None:
-    import pynvml
-
-    inside = [0]
-    for name in FakeNvml.FUNCTIONS:
-        fn = getattr(pynvml, name)
-
-        def wrapped(*a: object, _fn: object = fn, **k: object) -> object:
-            t = time.thread_time_ns()
-            try:
-                return _fn(*a, **k)  # type: ignore[operator]
-            finally:
-                inside[0] += time.thread_time_ns() - t
-
-        setattr(pynvml, name, wrapped)
-    src = NvmlSource()
+def parts_alone(cycles: int, fake: FakeNvml) -> None:
+    """10 Hz cycles on a virtual clock shared with the stand-in (GPM spacing is judged on it)."""
+    t0 = time.time_ns()
+    now = [t0]
+    fake.clock_ns = lambda: now[0]
+    src = NvmlSource(events=False, clock_ns=lambda: now[0])
     gpus = src.open()
     enc = Encoder()
     series = {
         g.index: enc.series("gpu", {"host": "h", "gpu": str(g.index), "uuid": g.uuid, "model": g.model}) for g in gpus
     }
-    t0, collect, encode = time.time_ns(), 0, 0
+    collect = encode = 0
+    inside0 = fake.inside_ns
     for i in range(cycles):
+        now[0] = t0 + i * 101_000_000
         a = time.thread_time_ns()
-        readings = src.collect(t0 + i * 100_000_000)
+        readings = src.collect(now[0])
         b = time.thread_time_ns()
         for r in readings:
             if r.measurement == "gpu":
@@ -95,13 +87,14 @@ def parts_alone(cycles: int) -> None:
         encode += time.thread_time_ns() - b
         collect += b - a
     src.close()
+    fake.check()
     print(f"alone, per 10 Hz cycle: NvmlSource.collect {collect / cycles / 1e6:.3f} ms "
-          f"(of which fake NVML {inside[0] / cycles / 1e6:.3f} ms), encoding 8 gpu lines {encode / cycles / 1e6:.3f} ms")  # fmt: skip
+          f"(of which the NVML stand-in {(fake.inside_ns - inside0) / cycles / 1e6:.3f} ms), encoding 8 gpu lines {encode / cycles / 1e6:.3f} ms")  # fmt: skip
 
 
 def main() -> None:
     interval = float(sys.argv[1]) if len(sys.argv) > 1 else 0.1
-    FakeNvml.install(None, gpus=fake_h100_node(8))
+    fake = FakeNvml.install(None, gpus=fake_h100_node(8))
     with tempfile.TemporaryDirectory() as tmp:
         server = InfluxDB1(tmp).start()
         server.create_database("gpulse")
@@ -109,7 +102,7 @@ def main() -> None:
             per_thread(interval, server.url)
         finally:
             server.stop()
-    parts_alone(scale(600, 100))
+    parts_alone(scale(600, 100), fake)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ SECTIONS = (
 )
 KEYS = (
     "encoder_speedup",
+    "cycle_wall_ms_per_gpu_1gpu",
+    "cycle_wall_ms_per_gpu_8gpu",
+    "nvml_calls_per_gpu_cycle",
     "cycle_cpu_ms_8gpu_1hz",
     "cycle_cpu_ms_8gpu_10hz",
     "step_overhead_us",

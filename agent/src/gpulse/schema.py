@@ -133,7 +133,8 @@ GPU = Measurement(
     "gpu",
     "One point per GPU per sampling cycle; all GPUs of a cycle share one timestamp. "
     "A metric the GPU does not support is absent, never 0. Slow-tier fields (every ~10 s "
-    "and ~60 s) appear only on the cycles that read them.",
+    "and ~60 s) appear only on the cycles that read them. On a MIG-enabled GPU each MIG device "
+    "has its own series, tagged `mig` (`<profile>/<index>`, e.g. `1g.18gb/1`), with its memory and GPM fields.",
     GPU_TAGS,
     (
         _f(
@@ -150,7 +151,7 @@ GPU = Measurement(
         _f("temp_gpu_c", "float", "°C", "GPU die temperature"),
         _f("temp_mem_c", "float", "°C", "HBM temperature"),
         _f("power_w", "float", "W", "instantaneous board power"),
-        _f("power_limit_w", "float", "W", "enforced power limit"),
+        _f("power_limit_w", "float", "W", "enforced power limit (~10 s tier)"),
         _c("energy_mj", "mJ", "energy since driver load (counter; resets on driver reload)"),
         _f("clock_sm_mhz", "int", "MHz", "SM clock"),
         _f("clock_mem_mhz", "int", "MHz", "memory clock"),
@@ -163,8 +164,13 @@ GPU = Measurement(
         _f("throttled", "int", "0/1", "1 while any power/thermal/hardware/sync-boost reason holds clocks back"),
         _f("pstate", "int", "P-state", "performance state, 0 (max) .. 15 (min)"),
         _f("fan_pct", "float", "%", "fan speed"),
-        _f("pcie_tx_bytes_per_s", "float", "B/s", "PCIe transmit throughput (20 ms NVML window)"),
-        _f("pcie_rx_bytes_per_s", "float", "B/s", "PCIe receive throughput (20 ms NVML window)"),
+        _f(
+            "pcie_tx_bytes_per_s",
+            "float",
+            "B/s",
+            "PCIe transmit rate over the cycle (byte counters); where the GPU lacks them, a 20 ms NVML window every ~10 s",
+        ),
+        _f("pcie_rx_bytes_per_s", "float", "B/s", "PCIe receive rate, as pcie_tx_bytes_per_s"),
         _f("enc_util_pct", "float", "%", "video encoder busy"),
         _f("dec_util_pct", "float", "%", "video decoder busy"),
         # GPM (Hopper and later), each over the whole cycle from two alternating samples.
@@ -181,7 +187,11 @@ GPU = Measurement(
         _f("nvlink_tx_bytes_per_s", "float", "B/s", "GPM NVLink transmit rate, all links"),
         _f("nvlink_rx_bytes_per_s", "float", "B/s", "GPM NVLink receive rate, all links"),
         # ~10 s tier
-        _c("nvlink_tx_kib", "KiB", "NVLink data transmitted, all links (counter)"),
+        _c(
+            "nvlink_tx_kib",
+            "KiB",
+            "NVLink data transmitted, all links (counter; NVML's all-links scope where it exists)",
+        ),
         _c("nvlink_rx_kib", "KiB", "NVLink data received, all links (counter)"),
         _c("throttle_power_us", "µs", "time clocks were held back by power (counter, driver units)"),
         _c("throttle_thermal_us", "µs", "time clocks were held back by temperature (counter)"),
@@ -205,7 +215,7 @@ GPU = Measurement(
         _c("retired_pages_dbe", "count", "pages retired for double-bit errors"),
         _f("retired_pages_pending", "int", "0/1", "1 when a page retirement is pending"),
     ),
-    optional_tags=("run",),
+    optional_tags=("run", "mig"),
 )
 
 GPU_NVLINK = Measurement(
@@ -238,11 +248,22 @@ GPU_INFO = Measurement(
         _i("pcie_max_gen", "int", "gen", "maximum PCIe link generation"),
         _i("pcie_max_width", "int", "lanes", "maximum PCIe link width"),
         _i("mig_mode", "int", "0/1", "1 when MIG is enabled"),
+        _i("mig_devices", "int", "count", "MIG devices sampled on this GPU (MIG mode only)"),
+        _i("mig_uuid", "str", "", "the MIG device's UUID (points tagged mig only)"),
+        _i("mig_gpu_instance", "int", "", "the MIG device's GPU instance id (points tagged mig only)"),
+        _i("mig_compute_instance", "int", "", "the MIG device's compute instance id (points tagged mig only)"),
         _i("gpm_supported", "int", "0/1", "1 when GPM (SM/tensor activity) is available"),
         _i("nvlink_links", "int", "count", "number of NVLink links"),
+        _i(
+            "process_access",
+            "str",
+            "",
+            "ok, no_permission (NVML needs privileges: a MIG parent's list for a non-root agent) or not_supported",
+        ),
         _i("supported_metrics", "str", "", "comma-separated gpu fields this GPU supports"),
         _i("unsupported_metrics", "str", "", "comma-separated gpu fields this GPU does not support"),
     ),
+    optional_tags=("mig",),
     downsampled=False,
 )
 
@@ -257,10 +278,10 @@ GPU_PROCESS = Measurement(
         _i("user", "str", "", "owner of the process"),
         _i("container", "str", "", "Docker container name, or its id when the engine is unreachable"),
         _f("mem_used_bytes", "int", "B", "GPU memory used by the process"),
-        _f("sm_util_pct", "float", "%", "SM utilisation by the process since the previous sample"),
-        _f("mem_util_pct", "float", "%", "memory controller utilisation by the process"),
+        _f("sm_util_pct", "float", "%", "SM utilisation by the process in the driver's last sample period (0: idle)"),
+        _f("mem_util_pct", "float", "%", "memory controller utilisation by the process, same period"),
     ),
-    optional_tags=("run",),
+    optional_tags=("run", "mig"),
 )
 
 GPU_EVENT = Measurement(

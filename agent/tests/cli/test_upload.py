@@ -1,12 +1,22 @@
-"""``gpulse upload`` pushes recordings into a real InfluxDB 1.x: validated, idempotent, and honest about bad lines."""
+"""``gpulse upload`` pushes recordings into a real InfluxDB 1.x: validated, idempotent, and honest about bad lines.
+
+What will not get better fails at once and says what to do (issue 14, item 2: before, a closed port
+printed 15 retry warnings over 300 s and a missing retention policy was retried until the deadline);
+each advice it prints is followed here and works.
+"""
 
 from __future__ import annotations
 
+import os
+import pty
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from support.fixtures import gpulse_cmd
+from support.influxd import InfluxDB1, free_port
+from support.rawhttp import RawHTTPServer, respond
 
 from gpulse.lineprotocol.encode import Encoder
 
@@ -106,3 +116,170 @@ def test_an_unreachable_database_fails_with_status_1_and_a_missing_file_is_a_con
         gpulse_cmd("upload", str(tmp_path / "nope.lp")), env=clean_env, capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 2 and "is not a file" in res.stderr
+
+
+def run_upload(clean_env, *args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    res = subprocess.run(gpulse_cmd("upload", *args), env=clean_env, capture_output=True, text=True, timeout=timeout)
+    return res, time.monotonic() - t0
+
+
+def test_nothing_listening_fails_at_once_and_the_advised_url_works(tmp_path: Path, influxdb_module, clean_env):
+    f = tmp_path / "r.lp"
+    f.write_text(recording(193, run="up5"))
+    url = f"http://127.0.0.1:{free_port()}"
+    res, took = run_upload(clean_env, "--url", url, "--api", "v1", str(f))
+    assert res.returncode == 1 and took < 10  # before: 300 s of retries
+    assert f"gpulse upload: cannot reach {url}: Connection refused (nothing listens there)" in res.stderr
+    assert "point gpulse at yours with --url" in res.stderr and "Nothing was sent." in res.stderr
+    assert "WARNING" not in res.stderr and "194 not delivered" in res.stdout
+    res, _ = run_upload(clean_env, "--url", influxdb_module.url, "--api", "v1", str(f))  # the advice, followed
+    assert res.returncode == 0 and "uploaded 194 lines" in res.stdout, res.stderr
+
+
+def test_a_missing_retention_policy_is_a_layout_error_at_the_first_answer(tmp_path: Path, influxdb_module, clean_env):
+    f = tmp_path / "r.lp"
+    f.write_text(recording(20, run="up6"))
+    base = ("--url", influxdb_module.url, "--api", "v1")
+    res, took = run_upload(clean_env, *base, "--bucket", "gpulse/nosuchrp", str(f))
+    assert res.returncode == 1 and took < 10  # before: HTTP 500 retried until the 300 s deadline
+    assert "retention policy 'nosuchrp' does not exist on database 'gpulse'" in res.stderr
+    assert "(HTTP 500: retention policy not found: nosuchrp)" in res.stderr
+    assert "give --bucket gpulse for the database's default" in res.stderr
+    assert "WARNING" not in res.stderr and "21 not delivered" in res.stdout
+    res, _ = run_upload(clean_env, *base, "--bucket", "gpulse", str(f))  # the advice, followed
+    assert res.returncode == 0 and "uploaded 21 lines" in res.stdout, res.stderr
+
+
+def test_a_missing_database_says_gpulse_setup_and_gpulse_setup_makes_it(tmp_path: Path, influxdb_module, clean_env):
+    f = tmp_path / "r.lp"
+    f.write_text(recording(5, run="up7"))
+    base = ("--url", influxdb_module.url, "--api", "v1", "--bucket", "fresh")
+    res, _ = run_upload(clean_env, *base, str(f))
+    assert res.returncode == 1
+    assert "database 'fresh' does not exist" in res.stderr
+    assert "run `gpulse setup --api v1` with the same connection flags" in res.stderr
+    setup = subprocess.run(gpulse_cmd("setup", *base), env=clean_env, capture_output=True, text=True, timeout=60)
+    assert setup.returncode == 0, setup.stderr
+    res, _ = run_upload(clean_env, *base, str(f))
+    assert res.returncode == 0 and "uploaded 6 lines" in res.stdout, res.stderr
+
+
+def test_the_v2_api_against_influxdb_1x_gets_setups_message_and_the_advised_api_works(
+    tmp_path: Path, influxdb_module, clean_env
+):
+    f = tmp_path / "r.lp"
+    f.write_text(recording(3, run="up8"))
+    token = tmp_path / "token"
+    token.write_text("some-token\n")
+    token.chmod(0o600)
+    res, _ = run_upload(clean_env, "--url", influxdb_module.url, "--token-file", str(token), str(f))
+    assert res.returncode == 2  # before: "HTTP 404: 404 page not found"
+    assert res.stderr.strip() == (
+        f"gpulse upload: configuration error: {influxdb_module.url} is InfluxDB 1.6.7~rc0: "
+        "use --api v1 (with --token-file holding user:password)"
+    )
+    res, _ = run_upload(clean_env, "--url", influxdb_module.url, "--api", "v1", str(f))
+    assert res.returncode == 0 and "uploaded 4 lines" in res.stdout, res.stderr
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory):
+    server = InfluxDB1(tmp_path_factory.mktemp("influxd-auth"), auth=True).start()
+    server.query("CREATE USER admin WITH PASSWORD 'Adm1n-pw' WITH ALL PRIVILEGES")
+    server.query('CREATE DATABASE "gpulse"', user=("admin", "Adm1n-pw"))
+    yield server
+    server.stop()
+
+
+def test_no_credentials_given_says_so_and_where_they_come_from(tmp_path: Path, auth_server, clean_env):
+    f = tmp_path / "r.lp"
+    f.write_text(recording(3, run="up9"))
+    base = ("--url", auth_server.url, "--api", "v1")
+    res, _ = run_upload(clean_env, *base, str(f))
+    assert res.returncode == 1
+    assert (
+        f"InfluxDB at {auth_server.url} asks for credentials and none were given "
+        "(no --token-file, GPULSE_TOKEN_FILE, token_file in --config, nor GPULSE_TOKEN)"
+    ) in res.stderr
+    assert "(HTTP 401: unable to parse authentication credentials)" in res.stderr
+    assert "pass --token-file FILE" in res.stderr and "nowhere" not in res.stderr
+    creds = tmp_path / "creds"
+    creds.write_text("admin:Adm1n-pw\n")
+    creds.chmod(0o600)
+    res, _ = run_upload(clean_env, *base, "--token-file", str(creds), str(f))
+    assert res.returncode == 0 and "uploaded 4 lines" in res.stdout, res.stderr
+    assert "Adm1n-pw" not in res.stdout + res.stderr
+
+
+def test_an_outage_is_retried_until_the_deadline_said_up_front_and_then_given_up(tmp_path: Path, clean_env):
+    f = tmp_path / "r.lp"
+    f.write_text(recording(3, run="up10"))
+    with RawHTTPServer(respond("503 Service Unavailable", b'{"error":"overloaded"}')) as server:
+        res, took = run_upload(clean_env, "--url", server.url, "--api", "v1", "--deadline", "2", str(f))
+    assert res.returncode == 1 and took < 15
+    lines = res.stderr.splitlines()
+    assert "connection failures, timeouts, 429 and 5xx answers are retried until" in lines[0]
+    assert "(--deadline 2 s)" in lines[0]
+    retries = [x for x in lines if "retrying in" in x]
+    assert retries and all("HTTP 503: overloaded" in x and "(deadline 2 s)" in x for x in retries)
+    assert "would come after the deadline" in lines[len(retries) + 1]  # no pointless wait for the deadline
+    assert "gpulse upload: gave up at the deadline (--deadline 2 s) while retrying: HTTP 503: overloaded" in res.stderr
+    assert "Run the same command again" in res.stderr and "4 not delivered" in res.stdout
+
+
+def test_a_large_upload_shows_a_progress_bar_on_a_terminal(tmp_path: Path, clean_env):
+    f = tmp_path / "big.lp"
+    f.write_text(recording(20_000, run="up11"))
+
+    def slow(sock, req, server):  # each batch of 5,000 lines takes 0.4 s to be answered
+        time.sleep(0.4 if req.path.startswith("/write") else 0)
+        return respond()(sock, req, server)
+
+    with RawHTTPServer(slow) as server:
+        leader, follower = pty.openpty()
+        try:
+            proc = subprocess.run(
+                gpulse_cmd("upload", "--url", server.url, "--api", "v1", str(f)),
+                env=clean_env, stdout=subprocess.PIPE, stderr=follower, text=True, timeout=60,
+            )  # fmt: skip
+            os.close(follower)
+            screen = b""
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+        finally:
+            os.close(leader)
+    assert proc.returncode == 0 and "uploaded 20001 lines" in proc.stdout
+    frames = screen.decode().split("\r")
+    bars = [x for x in frames if x.startswith("gpulse upload: [")]
+    assert len(bars) >= 2, screen
+    assert "of 20,001 lines" in bars[0] and bars[-1].startswith("gpulse upload: [########################] 20,001")
+
+
+def test_progress_in_a_log_is_one_line_every_ten_seconds_and_nothing_for_short_work():
+    import io
+
+    from gpulse.util.progress import Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress(1000, "lines", label="gpulse upload", stream=out, tty=False, clock=lambda: now[0])
+    for t, done in ((0.5, 100), (1.5, 200), (5.0, 300), (11.0, 600), (12.0, 700), (21.6, 1000)):
+        now[0] = t
+        p.update(done)
+    p.finish()
+    assert out.getvalue().splitlines() == [  # from 1 s on, then 10 s apart; the result line follows the work
+        "gpulse upload: 200 of 1,000 lines (20%), 133/s, about 6 s left",
+        "gpulse upload: 700 of 1,000 lines (70%), 58/s, about 5 s left",
+    ]
+    quiet = io.StringIO()
+    short = Progress(10, "lines", stream=quiet, tty=True, clock=lambda: 0.5)
+    short.update(10)
+    short.finish()
+    assert quiet.getvalue() == ""

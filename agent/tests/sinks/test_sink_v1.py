@@ -9,7 +9,8 @@ from support.influxd import InfluxDB1
 
 from gpulse.delivery.pipeline import Delivery
 from gpulse.delivery.retry import RetryPolicy
-from gpulse.sinks.base import encode_body, gzip_body
+from gpulse.influx.http import gzip_body
+from gpulse.sinks.base import encode_body
 from gpulse.sinks.influx_v1 import InfluxV1Sink
 
 FAST = RetryPolicy(initial=0.05, max_delay=0.2, config_min_delay=0.0)

@@ -2,9 +2,9 @@
 
 No InfluxDB 2 runs in CI, so ``support.fake_influx_v2.FakeInfluxV2`` stands in for it: a real
 HTTP server on 127.0.0.1 that checks the token, org, bucket, precision and gzip, parses lines,
-answers every documented code, and stores what it accepts. The client side is the real
-``influxdb-client`` synchronous write API. Each test asserts exactly how many lines end written,
-dead-lettered and spooled.
+answers every documented code, and stores what it accepts. The client side is gpulse's own sink on
+``gpulse.influx.http``; one test proves its request is the one InfluxData's own ``influxdb-client``
+sends for the same lines. Each test asserts exactly how many lines end written, dead-lettered and spooled.
 """
 
 from __future__ import annotations
@@ -73,6 +73,29 @@ def test_batches_arrive_in_order_gzipped_with_token_org_bucket_and_ns_precision(
     assert s["last_write_unix"] is not None and s["write_latency_ms"] > 0
 
 
+def test_the_write_request_is_the_one_influxdatas_own_client_sends(fake):
+    """Same lines through gpulse's sink and through ``influxdb-client`` (the reference, in the test extra only):
+    the same endpoint, parameters, credentials, encoding and body, and nothing but one request each."""
+    from influxdb_client import InfluxDBClient, WritePrecision
+    from influxdb_client.client.write_api import SYNCHRONOUS
+
+    lines = [lp(i) for i in range(3)] + ['m,host=h\\ x s="é \\"q\\"" 7\n']
+    sink = InfluxV2Sink(fake.url, TOKEN, "gpulse", "gpulse")
+    sink.write(lines)
+    sink.close()
+    with InfluxDBClient(url=fake.url, token=TOKEN, org="gpulse", enable_gzip=True) as client:
+        client.write_api(write_options=SYNCHRONOUS).write(
+            bucket="gpulse", org="gpulse", record="".join(lines).encode(), write_precision=WritePrecision.NS
+        )
+    ours, theirs = fake.requests
+    assert ours.status == theirs.status == 204
+    assert ours.params == theirs.params == {"org": "gpulse", "bucket": "gpulse", "precision": "ns"}
+    for header in ("Authorization", "Content-Encoding", "Accept"):
+        assert ours.headers[header] == theirs.headers[header], header
+    assert ours.headers["Content-Type"].split(";")[0] == theirs.headers["Content-Type"] == "text/plain"
+    assert ours.gzip and fake.lines == lines + lines
+
+
 def test_batches_are_cut_by_bytes_and_by_the_flush_interval(fake, tmp_path):
     d = delivery(fake, tmp_path, max_bytes=1000, flush_interval=0.2)
     lines = [lp(i) for i in range(100)]  # 34-35 bytes each
@@ -131,6 +154,7 @@ def test_type_conflicts_are_isolated_and_dead_lettered_never_retried(fake, tmp_p
 
 
 def test_413_splits_batches_in_halves_and_dead_letters_a_single_line_that_never_fits(fake, tmp_path):
+    """Covers a proxy in front of InfluxDB, or InfluxDB Cloud: OSS 2.9.1 sets no size limit on writes."""
     fake.max_body_bytes = 2000
     d = delivery(fake, tmp_path, max_lines=5000, flush_interval=5.0)
     huge = f'm,host=h s="{"x" * 3000}" {T0 + 999}\n'
@@ -172,6 +196,7 @@ def test_configuration_errors_keep_the_data_log_once_and_deliver_after_the_fix(f
 
 @pytest.mark.parametrize("status", [429, 503])
 def test_throttling_pauses_the_sink_for_retry_after_seconds(fake, tmp_path, status):
+    """Covers a proxy in front of InfluxDB, or InfluxDB Cloud: OSS 2.9.1 never answers a write 429 or Retry-After."""
     d = delivery(fake, tmp_path)
     fake.push(status, headers={"Retry-After": "1"})
     d.submit([lp(i) for i in range(10)])
@@ -184,6 +209,7 @@ def test_throttling_pauses_the_sink_for_retry_after_seconds(fake, tmp_path, stat
 
 
 def test_retry_after_as_an_http_date_is_honoured(fake, tmp_path):
+    """Covers a proxy in front of InfluxDB, or InfluxDB Cloud: OSS 2.9.1 never sends Retry-After."""
     d = delivery(fake, tmp_path)
     fake.push(503, headers={"Retry-After": email.utils.formatdate(time.time() + 2, usegmt=True)})
     d.submit([lp(i) for i in range(10)])

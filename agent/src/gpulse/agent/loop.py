@@ -35,7 +35,7 @@ from gpulse.agent.config import AgentConfig
 from gpulse.agent.status_line import StatusLine
 from gpulse.lineprotocol.encode import Encoder, Series
 from gpulse.schema import GPU_TAGS, MEASUREMENTS, NVML_ERROR_KINDS
-from gpulse.sources.base import GpuIdentity, GpuSource, SourceUnavailable
+from gpulse.sources.base import GpuIdentity, GpuSource, Reading, SourceUnavailable
 from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.agent")
@@ -49,6 +49,9 @@ EXIT_NO_DRIVER = 3
 GPU_MEASUREMENTS = tuple(m.name for m in MEASUREMENTS.values() if m.tags[: len(GPU_TAGS)] == GPU_TAGS)
 #: Wall-clock minus monotonic may drift this much before the schedule is re-aligned.
 _CLOCK_STEP_NS = 100_000_000
+#: The latest ``gpu_info`` of each GPU is written again this often, so it stays inside the raw
+#: retention however long the agent runs (the inventory panels read it from the raw tier).
+GPU_INFO_EVERY_S = 3600
 
 
 def make_source(cfg: AgentConfig) -> GpuSource:
@@ -145,6 +148,7 @@ class Agent:
         self.started_mono = time.monotonic()
         self.started_unix = time.time()
         self.stop_reason = ""
+        self.source_failure: str | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._flush_requested = False
@@ -156,6 +160,8 @@ class Agent:
         self._series: dict[int, dict[str, Series]] = {}
         self._base_tags: dict[int, dict[str, dict[str, str]]] = {}
         self._agent_series = self.encoder.series("agent", {"host": cfg.host})
+        self._gpu_info: dict[int, Reading] = {}
+        self._gpu_info_due = 0
 
     # -- control (signal handlers and tests) ------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -215,6 +221,9 @@ class Agent:
         finally:
             self._shutdown()
             restore_signals()
+        if self.source_failure is not None:
+            print(f"gpulse agent: {self.source_failure}", file=self.stream)
+            return EXIT_FAILURE
         return EXIT_OK
 
     def _start_pipeline(self) -> None:
@@ -319,6 +328,11 @@ class Agent:
             self.cycle_cpu_s += thread_time() - c0
             self.cycle_ms = (time.perf_counter() - t0) * 1e3
             self.samples += 1
+            fatal = self.source.fatal()
+            if fatal is not None:  # only a new process can recover: stop cleanly, exit non-zero
+                self.source_failure = fatal
+                self.request_stop("GPU source failed")
+                break
             stepped = False
             if ts >= next_selfm:
                 self._submit_self_metrics(ts)
@@ -348,7 +362,7 @@ class Agent:
         return offset
 
     def _cycle(self, ts: int) -> None:
-        readings = self.source.collect(ts)
+        readings = self._with_gpu_info(self.source.collect(ts), ts)
         if self.receiver is not None and self.receiver.runs_version != self._runs_version:
             self._rebuild_series()
         gpus = self.source.gpus
@@ -375,6 +389,18 @@ class Agent:
         if lines:
             self.lines_submitted += len(lines)
             self.delivery.submit(lines)
+
+    def _with_gpu_info(self, readings: list[Reading], ts: int) -> list[Reading]:
+        """Remember each GPU's latest ``gpu_info``; repeat it (stamped ``ts``) every GPU_INFO_EVERY_S."""
+        fresh = [r for r in readings if r.measurement == "gpu_info"]
+        if fresh:
+            self._gpu_info.update((r.gpu, r) for r in fresh)
+            self._gpu_info_due = ts + round(GPU_INFO_EVERY_S * 1e9)
+        elif self._gpu_info and ts >= self._gpu_info_due:
+            present = {g.index for g in self.source.gpus}
+            readings = [*readings, *(r._replace(ts_ns=ts) for r in self._gpu_info.values() if r.gpu in present)]
+            self._gpu_info_due = ts + round(GPU_INFO_EVERY_S * 1e9)
+        return readings
 
     def _unknown_gpu(self, index: int) -> None:
         self.readings_unknown_gpu += 1

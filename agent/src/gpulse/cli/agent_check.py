@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import TextIO
 
@@ -60,17 +58,14 @@ def check_gpus(cfg: AgentConfig) -> tuple[bool, str]:
 
 
 def ping(conn: Connection) -> tuple[bool, str]:
-    """``/ping`` answers (1.x and 2.x both serve it without auth)."""
+    """The shared server probe (``/ping``, no auth): reachable, InfluxDB, and the generation ``--api`` needs."""
+    from gpulse.influx.server import ServerProblem, probe_connection
+
     try:
-        with urllib.request.urlopen(f"{conn.url}/ping", timeout=conn.timeout_s) as r:
-            version = r.headers.get("X-Influxdb-Version", "")
-        return True, f"{conn.url} answers" + (f" (InfluxDB {version})" if version else "")
-    except urllib.error.HTTPError as e:
-        if e.code in (200, 204):
-            return True, f"{conn.url} answers"
-        return False, f"{conn.url}/ping answered HTTP {e.code}: is this InfluxDB?"
-    except (urllib.error.URLError, OSError) as e:
-        return False, f"cannot reach {conn.url}: {getattr(e, 'reason', e)}"
+        info = probe_connection(conn)
+    except ServerProblem as e:
+        return False, str(e)
+    return True, f"{conn.url} answers (InfluxDB {info.version})"
 
 
 def check_v1(conn: Connection) -> tuple[bool, str]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import email.utils
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -199,16 +197,20 @@ def _docker_info() -> dict[str, Any]:
 
 # -- the database -----------------------------------------------------------------------------------
 def check_reachable(conn: Connection) -> Result:
-    from gpulse.cli.agent_check import ping
+    from gpulse.influx.server import Problem, ServerProblem, probe_connection
 
-    good, detail = ping(conn)
-    if good:
-        return ok("database", detail)
-    return fail(
-        "database",
-        detail,
-        f"start InfluxDB (`make up`) or point gpulse at yours with --url / GPULSE_URL (now {conn.url})",
-    )
+    try:
+        info = probe_connection(conn)
+    except ServerProblem as e:
+        d = e.diagnosis
+        if d.problem is not Problem.UNREACHABLE:  # not InfluxDB, or the other generation than --api
+            return fail("database", d.detail, d.fix)
+        return fail(
+            "database",
+            d.detail,
+            f"start InfluxDB (`make up`) or point gpulse at yours with --url / GPULSE_URL (now {conn.url})",
+        )
+    return ok("database", f"{conn.url} answers (InfluxDB {info.version})")
 
 
 def check_credentials(conn: Connection) -> Result:
@@ -385,14 +387,13 @@ def check_downsampling(conn: Connection) -> Result:
 
 def check_clock(conn: Connection, now: Callable[[], float] = time.time) -> Result:
     """Compare this host's clock with the server's ``Date`` header (1 s resolution, so ±1 s)."""
+    from gpulse.influx.server import ServerProblem, probe
+
     t0 = now()
     try:
-        with urllib.request.urlopen(f"{conn.url}/ping", timeout=conn.timeout_s) as r:
-            date = r.headers.get("Date")
-    except urllib.error.HTTPError as e:
-        date = e.headers.get("Date") if e.headers else None
-    except (urllib.error.URLError, OSError) as e:
-        return skip("clock", f"database unreachable ({getattr(e, 'reason', e)}), skew not measured")
+        date = probe(conn.url or "", timeout_s=conn.timeout_s, verify_tls=conn.verify_ssl).date
+    except ServerProblem as e:
+        return skip("clock", f"{e.diagnosis.detail}, skew not measured")
     t1 = now()
     if not date:
         return skip("clock", "the server sends no Date header, skew not measured")

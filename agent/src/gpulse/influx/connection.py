@@ -61,6 +61,17 @@ class Connection:
             raise ConfigError("for --api v1 the token must be 'user:password'")
         return user, password
 
+    @property
+    def authorization(self) -> str | None:
+        """The ``Authorization`` header: Basic ``user:password`` for v1, ``Token …`` for v2; ``None`` without a token."""
+        from gpulse.influx.http import basic_auth, token_auth
+
+        if not self.token:
+            return None
+        if self.api == "v1":
+            return basic_auth(*(self.v1_credentials or ("", "")))
+        return token_auth(self.token)
+
     def describe(self) -> str:
         """A one-line description, safe for logs (no secret)."""
         where = self.url or "(no database: recording only)"
@@ -98,11 +109,33 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
         raise ConfigError(f"token file {p} is empty")
     if "\n" in text:
         raise ConfigError(f"token file {p} must hold the token on one line")
-    if mode & (stat.S_IRWXG | stat.S_IRWXO) & stat.S_IROTH:
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
         import logging
 
-        logging.getLogger("gpulse").warning("token file %s is readable by other users; chmod 600 it", p)
+        who = "other users" if mode & stat.S_IROTH else "its group"
+        logging.getLogger("gpulse").warning(
+            "token file %s is readable by %s (mode %04o); chmod 600 it", p, who, stat.S_IMODE(mode)
+        )
     return text
+
+
+def check_url(url: str) -> str:
+    """The URL without a trailing slash; a ConfigError for anything but ``http(s)://host[:port][/path]``.
+
+    Credentials in it (``http://user:password@host``) are refused, not silently dropped: they would be
+    echoed in logs, ``gpulse status``, ``doctor``, ``--check`` and ``ps``, and never sent."""
+    from gpulse.influx.http import parse_url
+
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        if "@" in url:  # never echo what may be a password
+            raise ConfigError("--url must start with http:// or https://")
+        raise ConfigError(f"--url must start with http:// or https://, not {url!r}")
+    try:
+        parse_url(url)
+    except ValueError as e:
+        raise ConfigError(f"--url: {e}") from None
+    return url
 
 
 def resolve_connection(
@@ -144,9 +177,7 @@ def resolve_connection(
     elif env.get("GPULSE_TOKEN"):
         token, source = env["GPULSE_TOKEN"].strip(), "GPULSE_TOKEN"
     if url is not None:
-        url = str(url).rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"--url must start with http:// or https://, not {url!r}")
+        url = check_url(str(url))
     conn = Connection(url=url, api=api, org=org, bucket=bucket, token=token, token_source=source)
     if api == "v1":
         conn.v1_credentials  # noqa: B018 - validates the token shape early

@@ -7,22 +7,31 @@ both, so every command reads the database the same way Grafana's InfluxQL dataso
 
 from __future__ import annotations
 
-import base64
-import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from gpulse.influx.connection import ConfigError, Connection
+from gpulse.influx.http import HttpClient, TransportError
+from gpulse.influx.server import Diagnosis, Explainer
+
+#: a query's total deadline (a run's report reads every step and GPU sample of the run)
+QUERY_TIMEOUT_S = 120.0
+#: the largest answer read (a week of 8 GPUs at 1 s is ~300 MB of JSON)
+QUERY_MAX_BODY = 1 << 30
 
 
 class QueryError(Exception):
-    """The server answered, but not with results (bad query, missing database, auth)."""
+    """The server answered, but not with results (bad query, missing database, auth), or did not answer.
 
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
+    ``diagnosis`` says what kind of problem it is (wrong --api, credentials, layout) and the fix, when known."""
+
+    def __init__(self, message: str, status: int | None = None, diagnosis: Diagnosis | None = None) -> None:
+        text = f"HTTP {status}: {message}" if status else message
+        super().__init__(diagnosis.explain(text) if diagnosis is not None else text)
+        #: the server's own words (or why it did not answer)
+        self.message = message
         self.status = status
+        self.diagnosis = diagnosis
 
 
 class InfluxQL:
@@ -30,48 +39,43 @@ class InfluxQL:
         if not conn.url:
             raise ConfigError("this command needs --url")
         self.conn = conn
-        self.timeout = timeout or conn.timeout_s
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if self.conn.api == "v2" and self.conn.token:
-            headers["Authorization"] = f"Token {self.conn.token}"
-        elif self.conn.api == "v1" and self.conn.token:
-            user, password = self.conn.v1_credentials or ("", "")
-            raw = base64.b64encode(f"{user}:{password}".encode()).decode()
-            headers["Authorization"] = f"Basic {raw}"
-        return headers
+        self.timeout = timeout or max(conn.timeout_s, QUERY_TIMEOUT_S)
+        self.http = HttpClient.for_connection(conn, timeout_s=self.timeout, max_body=QUERY_MAX_BODY)
+        self.explainer = Explainer(conn)
 
     def raw(self, q: str, db: str | None = None, epoch: str = "ns") -> dict[str, Any]:
-        """POST ``/query`` and return the decoded JSON; raise :class:`QueryError` on any error."""
+        """POST ``/query`` and return the decoded JSON; raise :class:`QueryError` on any error.
+
+        No ``org`` parameter: InfluxDB 2.x takes the org from the token and ignores it."""
         params = {"q": q, "epoch": epoch}
         database = db if db is not None else self.conn.database
         if database:
             params["db"] = database
-        if self.conn.api == "v2" and self.conn.org:
-            params["org"] = self.conn.org
-        data = urllib.parse.urlencode(params).encode()
-        req = urllib.request.Request(f"{self.conn.url}/query", data=data, headers=self._headers(), method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                body = json.loads(r.read() or b"{}")
-        except urllib.error.HTTPError as e:
-            text = e.read().decode("utf-8", "replace")[:500]
-            try:
-                text = json.loads(text).get("error") or json.loads(text).get("message") or text
-            except (ValueError, AttributeError):
-                pass
-            raise QueryError(f"HTTP {e.code}: {text}", e.code) from None
-        except (urllib.error.URLError, OSError) as e:
-            raise QueryError(f"cannot reach {self.conn.url}: {getattr(e, 'reason', e)}") from None
+            r = self.http.request(
+                "POST",
+                "/query",
+                body=urllib.parse.urlencode(params).encode(),
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+            )
+        except TransportError as e:
+            raise QueryError(e.describe()) from None
+        if not r.ok:
+            message = r.message()
+            raise QueryError(message, r.status, self.explainer.diagnose(r.status, message)) from None
+        try:
+            body = r.json() or {}
         except ValueError:
-            raise QueryError(f"{self.conn.url}/query did not answer JSON: is this InfluxDB?") from None
-        if "error" in body:
-            raise QueryError(str(body["error"]))
-        for res in body.get("results", []):
-            if "error" in res:
-                raise QueryError(str(res["error"]))
+            what = "was larger than the answer limit" if r.truncated else "did not answer JSON: is this InfluxDB?"
+            raise QueryError(f"{self.conn.url}/query {what}") from None
+        errors = [str(body["error"])] if "error" in body else []
+        errors += [str(res["error"]) for res in body.get("results", []) if "error" in res]
+        if errors:
+            raise QueryError(errors[0], diagnosis=self.explainer.diagnose(r.status, errors[0]))
         return body
+
+    def close(self) -> None:
+        self.http.close()
 
     def rows(self, q: str, db: str | None = None, epoch: str = "ns") -> list[dict[str, Any]]:
         """Every row of every series, as dicts with the series' tags and ``_measurement`` merged in."""

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import abc
-import gzip
 from collections.abc import Sequence
 
 from gpulse.sinks.errors import ErrorKind, WriteError
 
-__all__ = ["ErrorKind", "Sink", "WriteError", "encode_body", "gzip_body"]
+__all__ = ["ErrorKind", "Sink", "WriteError", "encode_body"]
 
 
 class Sink(abc.ABC):
@@ -33,8 +32,3 @@ class Sink(abc.ABC):
 def encode_body(lines: Sequence[str]) -> bytes:
     """The request body: the lines, UTF-8 (each line already ends with a newline)."""
     return "".join(lines).encode("utf-8", "replace")
-
-
-def gzip_body(body: bytes) -> bytes:
-    """gzip at level 1: line protocol compresses ~10x even so, and the agent's CPU matters more."""
-    return gzip.compress(body, compresslevel=1, mtime=0)

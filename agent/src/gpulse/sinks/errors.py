@@ -4,7 +4,11 @@ Every sink turns its failures into a :class:`WriteError` whose ``kind`` decides 
 (the table is in :mod:`gpulse.delivery.retry`). Classifying the answer is the sink's job, so the
 classification lives with the sinks; delivery only reads ``kind``, ``retry_after`` and ``bad_lines``.
 A 500 for a field type conflict (InfluxDB 2.0.x) is a rejection, not an outage: retrying it would
-block the queue forever (telegraf #11005).
+block the queue forever (telegraf #11005). A 500 for a missing retention policy (InfluxDB 1.x:
+``coordinator/points_writer.go`` ``MapShards`` returns ``ErrRetentionPolicyNotFound`` from
+``errors.go``, which ``services/httpd/handler.go`` ``serveWrite`` answers with 500) is a layout
+problem, like the 404 for a missing database: a configuration error, not an outage.
+The server's error text is read the one way :func:`gpulse.influx.http.error_message` reads it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from email.message import Message
+from typing import TYPE_CHECKING
+
+from gpulse.influx.http import Failure, error_message, header_value
+
+if TYPE_CHECKING:
+    from gpulse.influx.server import Diagnosis
 
 RETRY_AFTER_CAP_S = 600.0
 
@@ -42,6 +52,8 @@ class WriteError(Exception):
         status: int | None = None,
         retry_after: float | None = None,
         bad_lines: Sequence[int] = (),
+        failure: Failure | None = None,
+        diagnosis: Diagnosis | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -50,6 +62,10 @@ class WriteError(Exception):
         self.retry_after = retry_after
         #: 0-based indices (in the request) of lines the server named as bad
         self.bad_lines = tuple(bad_lines)
+        #: why no answer came (a transport failure), when none did
+        self.failure = failure
+        #: what a refusal means and what to do (wrong --api, credentials, layout), when known
+        self.diagnosis = diagnosis
 
     @property
     def retryable(self) -> bool:
@@ -57,7 +73,8 @@ class WriteError(Exception):
 
     def describe(self) -> str:
         where = f"HTTP {self.status}" if self.status else self.kind.value
-        return f"{where}: {self.message}"
+        text = f"{where}: {self.message}"
+        return self.diagnosis.explain(text) if self.diagnosis is not None else text
 
     def __repr__(self) -> str:
         return f"WriteError({self.kind.value}, {self.describe()!r})"
@@ -97,43 +114,6 @@ def parse_retry_after(value: str | None, *, now: float | None = None, cap: float
 _V1_UNPARSABLE = re.compile(r"unable to parse '(.*?)': ", re.S)
 
 
-def error_message(headers: Mapping[str, str] | None, body: bytes | str | None) -> str:
-    """The server's error text: the JSON body's ``message``/``error``, else the error headers, else the body."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
-    try:
-        doc = json.loads(text) if text.strip().startswith("{") else None
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict):
-        for key in ("message", "error"):
-            if isinstance(doc.get(key), str) and doc[key]:
-                return doc[key]
-    for h in ("X-Influx-Error", "X-InfluxDB-Error", "X-Platform-Error-Code"):
-        v = _header(headers, h)
-        if v:
-            return v
-    return " ".join(text.split())[:500] or "(no message)"
-
-
-def _header(headers: Mapping[str, str] | Any, name: str) -> str | None:
-    if not headers:
-        return None
-    getter = getattr(headers, "get", None)
-    if getter is not None:
-        v = getter(name)
-        if v is None:
-            v = getter(name.lower())
-        if v is not None:
-            return str(v)
-    try:
-        for k, v in dict(headers).items():
-            if str(k).lower() == name.lower():
-                return str(v)
-    except (TypeError, ValueError):
-        pass
-    return None
-
-
 def _bad_lines(body: bytes | str | None, message: str, lines: Sequence[str]) -> list[int]:
     """Indices of the lines a 400 names: v2 ``line`` (1-based), v3 ``data[].line_number``, v1 quoted text."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
@@ -162,16 +142,16 @@ def _bad_lines(body: bytes | str | None, message: str, lines: Sequence[str]) -> 
 
 
 def classify_http(
-    status: int, headers: Mapping[str, str] | Any, body: bytes | str | None, lines: Sequence[str] = ()
+    status: int, headers: Mapping[str, str] | Message | None, body: bytes | str | None, lines: Sequence[str] = ()
 ) -> WriteError:
     """Turn a non-2xx answer to a write of ``lines`` into a :class:`WriteError`."""
     message = error_message(headers, body)
-    if status in (401, 403, 404):
+    if status in (401, 403, 404) or (status == 500 and "retention policy not found" in message):
         return WriteError(ErrorKind.CONFIG, message, status=status)
     if status == 413:
         return WriteError(ErrorKind.TOO_LARGE, message, status=status)
     if status in (429, 502, 503, 504):
-        ra = parse_retry_after(_header(headers, "Retry-After"))
+        ra = parse_retry_after(header_value(headers, "Retry-After"))
         return WriteError(ErrorKind.THROTTLED, message, status=status, retry_after=ra)
     if status == 408:
         return WriteError(ErrorKind.TRANSIENT, message, status=status)

@@ -11,27 +11,14 @@ def build_sinks(conn: Connection | None, record_path: str | None) -> list[Sink]:
     """The database sink for ``conn`` (none when ``conn`` or its URL is ``None``) plus the record file."""
     sinks: list[Sink] = []
     if conn is not None and conn.url:
+        from gpulse.sinks.influx_v1 import InfluxV1Sink
+        from gpulse.sinks.influx_v2 import InfluxV2Sink
+
+        options = {"timeout_s": conn.timeout_s, "verify_ssl": conn.verify_ssl, "token_source": conn.token_source}
         if conn.api == "v1":
-            from gpulse.sinks.influx_v1 import InfluxV1Sink
-
-            sinks.append(
-                InfluxV1Sink(
-                    conn.url,
-                    conn.database,
-                    conn.retention_policy,
-                    conn.v1_credentials,
-                    timeout_s=conn.timeout_s,
-                    verify_ssl=conn.verify_ssl,
-                )
-            )
+            sinks.append(InfluxV1Sink(conn.url, conn.database, conn.retention_policy, conn.v1_credentials, **options))
         else:
-            from gpulse.sinks.influx_v2 import InfluxV2Sink
-
-            sinks.append(
-                InfluxV2Sink(
-                    conn.url, conn.token, conn.org, conn.bucket, timeout_s=conn.timeout_s, verify_ssl=conn.verify_ssl
-                )
-            )
+            sinks.append(InfluxV2Sink(conn.url, conn.token, conn.org, conn.bucket, **options))
     if record_path:
         sinks.append(RecordSink(record_path))
     if not sinks:

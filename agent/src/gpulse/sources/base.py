@@ -25,10 +25,10 @@ class Reading(NamedTuple):
     """One point of one measurement for one GPU, before tags and encoding."""
 
     measurement: str  # "gpu" | "gpu_info" | "gpu_process" | "gpu_event" | "gpu_nvlink"
-    gpu: int  # GPU index the reading belongs to
+    gpu: int  # GPU index the reading belongs to (a MIG device's: its parent's)
     fields: dict[str, Any]  # keys are gpulse.schema field names of that measurement
     ts_ns: int  # Unix ns
-    tags: dict[str, str] | None = None  # extra tags beyond host/gpu/uuid/model (e.g. {"link": "3"})
+    tags: dict[str, str] | None = None  # extra tags beyond host/gpu/uuid/model ({"link": "3"}, {"mig": "1g.18gb/1"})
 
 
 class SourceUnavailable(Exception):
@@ -68,3 +68,11 @@ class GpuSource(ABC):
     @abstractmethod
     def close(self) -> None:
         """Stop threads and release the library; safe to call twice."""
+
+    def fatal(self) -> str | None:
+        """Why this source cannot recover in this process (the agent then exits), else None.
+
+        A source never raises out of ``collect``; when only a new process can help (NVML after a
+        driver upgrade: the old library stays mapped), it says so here and the agent stops with a
+        non-zero exit so that its service manager starts it again."""
+        return None

@@ -394,6 +394,7 @@ class SimulatedSource(GpuSource):
             "mig_mode": 0,
             "gpm_supported": int(m.gpm),
             "nvlink_links": m.nvlink_links,
+            "process_access": "ok",
             "supported_metrics": ",".join(self._supported),
             "unsupported_metrics": ",".join(self._unsupported),
         }

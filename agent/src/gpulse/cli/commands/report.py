@@ -83,14 +83,24 @@ def run(args: argparse.Namespace) -> int:
         data = load_files(rows, run_id)
     else:
         from gpulse.influx.query import InfluxQL, QueryError
+        from gpulse.influx.server import ServerProblem, probe_connection
 
-        q = InfluxQL(connection_from(args))
+        conn = connection_from(args)
+        try:
+            info = probe_connection(conn)  # the wrong --api is said as such, not as "HTTP 401"
+        except ServerProblem as e:
+            print(f"gpulse report: {e}", file=sys.stderr)
+            return 1
+        q = InfluxQL(conn)
+        q.explainer.info = info
         try:
             run_id = _choose(args.run, [] if args.run else list_runs_influx(q), q.conn.describe())
             data = load_influx(q, run_id)
         except QueryError as e:
             print(f"gpulse report: cannot read {q.conn.describe()}: {e}", file=sys.stderr)
             return 1
+        finally:
+            q.close()
     if data.empty:
         print(f"gpulse report: no points for run {run_id!r}", file=sys.stderr)
         return 1

@@ -2,11 +2,18 @@
 
 Every line is parsed and checked against the schema before it is sent; a bad line is named by
 file and line number and skipped, never sent. The good lines go through the agent's own sink and
-retry policy (``gpulse.delivery.pipeline.deliver_batches``). Points carry their timestamps, so uploading a
+retry policy (:func:`gpulse.delivery.oneshot.deliver_batches`). Points carry their timestamps, so uploading a
 file twice (or a file whose points the agent already wrote) overwrites instead of duplicating.
 
-Exit status: 0 everything sent; 1 some lines were not delivered or the server rejected them;
-2 configuration error; 3 everything valid was sent but some lines were invalid and skipped.
+A person is waiting, so the server is asked first what it is (``/ping``): nothing listening, not
+InfluxDB, or the other generation than ``--api`` stops before anything is read. Then it says what it
+sends where, and what it retries until when (``--deadline``); what will not get better (credentials,
+a missing database or retention policy) stops at the first answer, with the fix. Large files show
+their progress: a bar on a terminal, a line every 10 s elsewhere.
+
+Exit status: 0 everything sent; 1 some lines were not delivered (or the server could not be reached)
+or the server rejected them; 2 configuration error (including ``--api`` not matching the server);
+3 everything valid was sent but some lines were invalid and skipped.
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Iterator
 
-from gpulse.influx.connection import ConfigError, add_connection_flags
+from gpulse.influx.connection import ConfigError, Connection, add_connection_flags
 
 MAX_REPORTED = 20
 
@@ -25,7 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="line-protocol recording(s) to push")
     parser.add_argument("--dry-run", action="store_true", help="only check the files; send nothing")
     parser.add_argument(
-        "--deadline", type=float, default=300.0, metavar="S", help="give up retrying after S seconds (default 300)"
+        "--deadline",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="retry connection failures, timeouts, 429 and 5xx answers for at most S seconds (default 300); "
+        "what will not get better (credentials, a missing database or retention policy) fails at once",
     )
     parser.add_argument("--dead-letter", metavar="FILE", help="append lines the server rejects here, with the reason")
     parser.add_argument("--config", metavar="FILE", help="TOML file with a [connection] table (env GPULSE_CONFIG)")
@@ -33,12 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _Checked:
-    """The valid lines of the files, read lazily; problems collected as they are met."""
+    """The valid lines of the files, read lazily; problems collected as they are met. ``stop`` ends it early."""
 
     def __init__(self, files: list[str]) -> None:
         self.files = files
         self.valid = 0
         self.bad: list[tuple[str, int, str]] = []
+        self.stop = False
+        self.times: list[int] = []  # oldest and newest timestamp of the valid lines (gpulse recompute advice)
 
     def __iter__(self) -> Iterator[str]:
         from gpulse.channel.validate import check_line_point
@@ -47,12 +62,27 @@ class _Checked:
         self.valid, self.bad = 0, []
         for path in self.files:
             for lineno, raw, p in read_lines(path):
+                if self.stop:
+                    return
                 why = str(p) if isinstance(p, LineError) else check_line_point(p)
                 if why:
                     self.bad.append((path, lineno, why))
                     continue
                 self.valid += 1
+                if p.ts is not None:
+                    self.times = [min(self.times[0], p.ts), max(self.times[1], p.ts)] if self.times else [p.ts, p.ts]
                 yield raw if raw.endswith("\n") else raw + "\n"
+
+
+def count_lines(files: list[str]) -> int:
+    """The lines :func:`gpulse.lineprotocol.parse.read_lines` will yield (not blank, not a comment), quickly."""
+    n = 0
+    for path in files:
+        with open(path, "rb") as f:
+            for data in f:
+                stripped = data.strip()
+                n += bool(stripped) and not stripped.startswith(b"#")
+    return n
 
 
 def _report_bad(bad: list[tuple[str, int, str]]) -> None:
@@ -75,26 +105,69 @@ def run(args: argparse.Namespace) -> int:
         return 3 if checked.bad else 0
 
     from gpulse.cli.commands.report import connection_from
-    from gpulse.delivery.oneshot import deliver_batches
+    from gpulse.delivery.oneshot import DeliveryResult, deliver_batches
+    from gpulse.influx.downsample import lookback_advice
+    from gpulse.influx.server import Problem, ServerProblem, probe_connection
     from gpulse.sinks.factory import build_sinks
+    from gpulse.sinks.influx import InfluxSink
+    from gpulse.util.progress import Progress
 
     conn = connection_from(args)
-    sinks = [s for s in build_sinks(conn, None) if s.is_database]
-    written = rejected = failed = 0
+    total = count_lines(args.files)
     try:
-        for sink in sinks:
-            res = deliver_batches(sink, checked, dead_letter_path=args.dead_letter, deadline_s=args.deadline)
-            written += res.written
-            rejected += res.rejected
-            failed += res.failed
-    finally:
-        for sink in sinks:
-            sink.close()
-    _report_bad(checked.bad)
+        info = probe_connection(conn)
+    except ServerProblem as e:
+        if e.diagnosis.problem is Problem.WRONG_API:
+            raise ConfigError(str(e)) from None
+        print(f"gpulse upload: {e}. Nothing was sent.", file=sys.stderr)
+        _summary(args, conn, written=0, skipped=0, rejected=0, failed=total)
+        return 1
+    (sink,) = build_sinks(conn, None)  # the database sink (no record file here)
+    assert isinstance(sink, InfluxSink)
+    sink.explainer.info = info  # asked once, above
+    deadline = time.strftime("%H:%M:%S", time.localtime(time.time() + args.deadline))
     print(
-        f"uploaded {written} lines from {len(args.files)} file(s) to {conn.describe()}; "
-        f"{len(checked.bad)} invalid lines skipped, {rejected} rejected by the server, {failed} not delivered"
+        f"gpulse upload: {total:,} lines from {len(args.files)} file(s) to InfluxDB {info.version}, "
+        f"{sink.describe()}; connection failures, timeouts, 429 and 5xx answers are retried until "
+        f"{deadline} (--deadline {args.deadline:g} s)",
+        file=sys.stderr,
     )
-    if rejected or failed:
+    bar = Progress(total, "lines", label="gpulse upload")
+
+    def progress(res: DeliveryResult) -> None:
+        checked.stop = res.error is not None or res.gave_up
+        if not checked.stop:  # lines sent (or rejected by the server), and invalid lines skipped
+            bar.update(res.written + res.rejected + len(checked.bad))
+
+    try:
+        res = deliver_batches(
+            sink, checked, dead_letter_path=args.dead_letter, deadline_s=args.deadline, progress=progress
+        )
+    finally:
+        bar.finish()
+        sink.close()
+    _report_bad(checked.bad)
+    failed = total - res.written - res.rejected - len(checked.bad)
+    if res.gave_up:
+        print(
+            f"gpulse upload: gave up at the deadline (--deadline {args.deadline:g} s) while retrying: "
+            f"{res.last_error}. Run the same command again to send the rest (re-sending is harmless: "
+            "a point sent twice is stored once)",
+            file=sys.stderr,
+        )
+    _summary(args, conn, written=res.written, skipped=len(checked.bad), rejected=res.rejected, failed=failed)
+    advice = lookback_advice(*checked.times, conn) if res.written and checked.times else None
+    if advice:  # older than what the tasks/continuous queries re-aggregate by themselves
+        print(f"gpulse upload: {advice}")
+    if res.rejected or failed:
         return 1
     return 3 if checked.bad else 0
+
+
+def _summary(
+    args: argparse.Namespace, conn: Connection, *, written: int, skipped: int, rejected: int, failed: int
+) -> None:
+    print(
+        f"uploaded {written} lines from {len(args.files)} file(s) to {conn.describe()}; "
+        f"{skipped} invalid lines skipped, {rejected} rejected by the server, {failed} not delivered"
+    )

@@ -1,5 +1,7 @@
 """What `gpulse setup` shares between InfluxDB 2.x and 1.x: the report, the errors, the server probe.
 
+The probe is the one every command uses (:mod:`gpulse.influx.server`); here its problems become :class:`SetupError`.
+
 Setup is declarative: each step compares what exists with what should exist and acts only on a
 difference, so re-running it changes nothing and a changed definition is brought up to date. The
 :class:`SetupReport` records every decision, so tests and the CLI can show exactly what was done.
@@ -7,12 +9,23 @@ difference, so re-running it changes nothing and a changed definition is brought
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 
+from gpulse.influx import server
 from gpulse.influx.downsample import RAW, RAW_RETENTION, TIERS, parse_duration
+from gpulse.influx.http import HttpClient, TransportError
+from gpulse.influx.server import ServerInfo
+
+__all__ = [
+    "ServerInfo",
+    "SetupError",
+    "SetupReport",
+    "check_health",
+    "influx_duration",
+    "probe",
+    "retentions",
+    "shard_group_seconds",
+]
 
 
 class SetupError(Exception):
@@ -55,6 +68,25 @@ def retentions(raw: str = RAW_RETENTION, minute: str | None = None) -> dict[str,
     return secs
 
 
+def shard_group_seconds(retention_s: int) -> int:
+    """The shard-group duration InfluxDB gives a retention it creates (0 = forever).
+
+    The same rule in 1.x and 2.9 (``shardGroupDuration`` in ``v1/services/meta/data.go``; the 2.x
+    bucket service applies it through ``meta.NormalisedShardDuration``, ``storage/bucket_service.go``).
+    A retention changed later keeps its old shard-group duration unless one is given, and a
+    retention shorter than it is refused (1.x: "retention policy duration must be greater than the
+    shard duration"; 2.9: 422 "shard-group duration must also be updated to be smaller than new
+    retention duration", ``storage/engine.go`` ``UpdateBucketRetentionPolicy``): setup sends this
+    value with every retention it changes, so a bucket ends as it would have been created.
+    """
+    day = 86400
+    if retention_s == 0 or retention_s >= 180 * day:
+        return 7 * day
+    if retention_s >= 2 * day:
+        return day
+    return 3600
+
+
 def influx_duration(seconds: int) -> str:
     """An InfluxQL duration literal for a retention: ``INF`` for 0, else whole days/hours/seconds."""
     if seconds == 0:
@@ -65,40 +97,23 @@ def influx_duration(seconds: int) -> str:
     return f"{seconds}s"
 
 
-@dataclass(frozen=True)
-class ServerInfo:
-    version: str
-    build: str
-
-
 def probe(url: str, timeout: float = 10.0) -> ServerInfo:
-    """``GET /ping``: is this InfluxDB at all, and which generation? Every InfluxDB answers with its version header."""
+    """The shared server probe (:func:`gpulse.influx.server.probe`: ``/ping``), its problems as setup's errors."""
     try:
-        with urllib.request.urlopen(f"{url}/ping", timeout=timeout) as r:
-            headers, status = r.headers, r.status
-    except urllib.error.HTTPError as e:
-        headers, status = e.headers, e.code
-    except (urllib.error.URLError, OSError) as e:
-        raise SetupError(f"cannot reach {url}: {getattr(e, 'reason', e)}; is InfluxDB running there?") from None
-    version = headers.get("X-Influxdb-Version")
-    if not version:
-        raise SetupError(
-            f"{url} answered /ping with HTTP {status} and no X-Influxdb-Version header: it is not InfluxDB (check --url)"
-        )
-    return ServerInfo(version=version.lstrip("v"), build=headers.get("X-Influxdb-Build", ""))
+        return server.probe(url, timeout_s=timeout)
+    except server.ServerProblem as e:
+        raise SetupError(str(e)) from None
 
 
 def check_health(url: str, timeout: float = 10.0) -> None:
     """``GET /health`` (2.x): JSON with ``status: pass`` once InfluxDB serves queries and writes."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
-            body = r.read()
-    except urllib.error.HTTPError as e:
-        body = e.read()
-    except (urllib.error.URLError, OSError) as e:
-        raise SetupError(f"cannot reach {url}/health: {getattr(e, 'reason', e)}") from None
+        with HttpClient(url, timeout_s=timeout) as client:
+            r = client.request("GET", "/health")
+    except TransportError as e:
+        raise SetupError(f"{e}; is InfluxDB running there?") from None
     try:
-        health = json.loads(body)
+        health = r.json()
         status, message = health["status"], health.get("message", "")
     except (ValueError, KeyError, TypeError):
         raise SetupError(

@@ -21,7 +21,15 @@ from gpulse.influx.downsample import (
     parse_duration,
 )
 from gpulse.influx.query import InfluxQL, QueryError, quote_ident
-from gpulse.influx.setup.common import SetupError, SetupReport, influx_duration, probe, retentions
+from gpulse.influx.server import refused_credentials
+from gpulse.influx.setup.common import (
+    SetupError,
+    SetupReport,
+    influx_duration,
+    probe,
+    retentions,
+    shard_group_seconds,
+)
 
 _MANAGED_CQ = re.compile("gpulse_(" + "|".join(re.escape(t.name) for t in TIERS) + ")_")
 
@@ -35,9 +43,9 @@ def _run(ql: InfluxQL, q: str, what: str) -> list[dict]:
         return ql.rows(q, db="")
     except QueryError as e:
         if e.status == 401:
+            refused = refused_credentials(ql.conn, 401)
             raise SetupError(
-                f"InfluxDB at {ql.conn.url} refused the credentials from {ql.conn.token_source or 'nowhere'} "
-                "(401): for --api v1 the token file holds user:password of an admin user"
+                f"{refused.detail} (HTTP 401: {e.message}): for --api v1 the token file holds user:password of an admin user"
             ) from None
         if e.status == 403:
             raise SetupError(f"cannot {what}: the user lacks the admin privilege setup needs (403)") from None
@@ -46,9 +54,9 @@ def _run(ql: InfluxQL, q: str, what: str) -> list[dict]:
 
 def setup_v1(conn: Connection, *, raw_retention: str = "30d", minute_retention: str | None = None) -> SetupReport:
     """Create or bring up to date everything gpulse needs on an InfluxDB 1.x server."""
-    info = probe(conn.url or "", conn.timeout_s)
-    if not info.version.startswith("1."):
-        raise SetupError(f"{conn.url} is InfluxDB {info.version}, not 1.x: use --api v2")
+    wrong = probe(conn.url or "", conn.timeout_s).mismatch("v1", admin=True)
+    if wrong is not None:
+        raise SetupError(str(wrong))
     secs = retentions(raw_retention, minute_retention)
     ql = InfluxQL(conn)
     db = conn.database
@@ -71,8 +79,11 @@ def setup_v1(conn: Connection, *, raw_retention: str = "30d", minute_retention: 
             _run(ql, f"CREATE RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {spec}", f"create {what}")
             report.add("created", what)
         elif _rp_seconds(cur["duration"]) != secs[rp] or (default and not cur["default"]):
-            alter = f"DURATION {duration}" + (" DEFAULT" if default else "")
-            _run(ql, f"ALTER RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {alter}", f"alter {what}")
+            alter = f"DURATION {duration}" if _rp_seconds(cur["duration"]) != secs[rp] else ""
+            if alter:  # a shorter duration than the current shard duration is refused without a new one
+                alter += f" SHARD DURATION {influx_duration(shard_group_seconds(secs[rp]))}"
+            alter += " DEFAULT" if default else ""
+            _run(ql, f"ALTER RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {alter.strip()}", f"alter {what}")
             report.add("updated", what)
         else:
             report.add("unchanged", what)
@@ -108,13 +119,16 @@ def downsample_now(conn: Connection, start_ns: int, end_ns: int) -> int:
     """Run the continuous queries' ``SELECT ... INTO`` once over ``[start, end)`` (1m, then 1h); points written.
 
     Continuous queries only look back ``RESAMPLE FOR``; this fills the downsampled retention
-    policies for older data at once (``gpulse demo``, backfills). Windows are widened to whole windows.
+    policies for older data at once (``gpulse recompute``, ``gpulse demo``). Windows are widened to whole windows.
     """
     ql = InfluxQL(conn)
     written = 0
-    for tier in TIERS:
-        for m in downsampled_measurements():
-            q = influxql_select(tier, m.name, conn.database, start_ns, end_ns)
-            for row in _run(ql, q, f"downsample {m.name} to {tier.name}"):
-                written += int(row.get("written") or 0)
+    try:
+        for tier in TIERS:
+            for m in downsampled_measurements():
+                q = influxql_select(tier, m.name, conn.database, start_ns, end_ns)
+                for row in _run(ql, q, f"downsample {m.name} to {tier.name}"):
+                    written += int(row.get("written") or 0)
+    finally:
+        ql.close()
     return written

@@ -2,10 +2,15 @@
 
 pynvml raises ``NVMLError_<Name>`` subclasses whose ``.value`` is the NVML return code; the same
 codes come back per entry of ``nvmlDeviceGetFieldValues`` and per GPM metric, so everything here
-works on the integer code.
+works on the integer code. One pynvml error is not an ``NVMLError``: the unversioned wrappers
+marked ``@throwOnVersionMismatch`` (the process lists) turn a missing ``_v3`` symbol into
+``NVMLLibraryMismatchError``; :func:`code_of` reads the ``FunctionNotFound`` it was raised from.
 """
 
 from __future__ import annotations
+
+import enum
+from typing import Any
 
 from gpulse import schema
 
@@ -53,11 +58,40 @@ UNSUPPORTED = frozenset(
 )
 
 
+class Status(enum.Enum):
+    """What one read of a GPU means for the rest of the cycle."""
+
+    OK = "ok"  # go on (failed metrics were counted)
+    GPU_LOST = "gpu_lost"  # this GPU fell off the bus; the others go on
+    DRIVER_GONE = "driver_gone"  # every GPU will fail until NVML is initialised again
+
+
+def nvml_errors(nvml: Any) -> tuple[type[BaseException], ...]:
+    """The exception classes a pynvml call raises for an NVML failure (both families)."""
+    mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+    return (nvml.NVMLError, mismatch) if mismatch is not None else (nvml.NVMLError,)
+
+
 def code_of(exc: BaseException) -> int:
-    """The NVML return code of a pynvml exception; -1 (counted as "other") for anything else."""
+    """The NVML return code of a pynvml exception; -1 (counted as "other") for anything else.
+
+    ``NVMLLibraryMismatchError`` carries no code: it is raised while handling the
+    ``NVMLError_FunctionNotFound`` of the missing versioned symbol (``exc.__context__``).
+    """
     value = getattr(exc, "value", None)
-    return value if isinstance(value, int) else -1
+    if isinstance(value, int):
+        return value
+    context = exc.__context__
+    return code_of(context) if context is not None and context is not exc else -1
 
 
 def kind_of(code: int) -> str:
     return KIND_BY_CODE.get(code, "other")
+
+
+def status_of(code: int) -> Status:
+    if code in LOST:
+        return Status.GPU_LOST
+    if code in DRIVER_GONE:
+        return Status.DRIVER_GONE
+    return Status.OK

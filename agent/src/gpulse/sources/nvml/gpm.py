@@ -3,15 +3,24 @@
 Two sample buffers per GPU are used in turn (ping-pong): each cycle takes one sample into the
 older buffer and asks NVML for the metrics between the previous sample and this one, so every
 value covers the whole cycle and nothing sleeps. The first cycle after start has only one sample
-and yields nothing. NVML wants ≥100 ms between samples (trap T9); a faster cycle keeps the previous
-sample and skips GPM for that cycle. Each metric carries its own ``nvmlReturn``: one that says
-NotSupported is dropped for good (the source then re-announces the GPU's capabilities).
+and yields nothing. NVML wants more than 100 ms between samples ("The interval between two
+nvmlGpmSampleGet() calls should be greater than 100ms due to the internal sample refresh rate",
+nvmlGpmMetricsGet); a faster cycle keeps the previous sample and skips GPM for that cycle. Each
+metric carries its own ``nvmlReturn``: one that says NotSupported is dropped for good (the source
+then re-announces the GPU's capabilities).
+
+A GPU in MIG mode has no GPM of its own; each GPU instance is sampled with
+``nvmlGpmMigSampleGet(parent, gpuInstanceId, sample)`` (:func:`mig_sample_get`). The two sample
+buffers are NVML allocations: they are freed when the sampler closes, and also when the sampler
+cannot be built (the first ``SampleGet`` is the support probe).
 """
 
 from __future__ import annotations
 
 import ctypes
 import struct
+import time
+from collections.abc import Callable
 from typing import Any
 
 from gpulse.sources.nvml import errors as E
@@ -33,6 +42,9 @@ METRICS: tuple[tuple[int, str, float], ...] = (
 )
 FIELDS = tuple(name for _, name, _ in METRICS)
 MIN_INTERVAL_NS = 100_000_000
+#: Samples are taken at least this far apart on the sampler's clock: "greater than 100ms", with
+#: 1 ms to spare for the time between reading the clock and the driver taking the sample.
+SPACING_NS = MIN_INTERVAL_NS + 1_000_000
 # c_nvmlGpmMetric_t: metricId u32, nvmlReturn u32, value double, metricInfo (3 pointers). Decoded in
 # one pass because pynvml structures make each attribute read slow.
 _METRIC = struct.Struct("<IId24x")
@@ -51,16 +63,48 @@ def gpm_supported(nvml: Any, handle: Any) -> bool:
         raise
 
 
-class GpmSampler:
-    """The ping-pong pair of samples of one GPU and a reusable metrics request."""
+SampleGet = Callable[[Any], Any]
 
-    def __init__(self, nvml: Any, handle: Any) -> None:
+
+def mig_sample_get(nvml: Any, parent: Any, gpu_instance_id: int) -> SampleGet:
+    """``nvmlGpmMigSampleGet`` bound to one GPU instance of a MIG-enabled GPU."""
+    fn = nvml.nvmlGpmMigSampleGet
+
+    def get(sample: Any) -> Any:
+        return fn(parent, gpu_instance_id, sample)
+
+    return get
+
+
+class GpmSampler:
+    """The ping-pong pair of samples of one GPU (or GPU instance) and a reusable metrics request."""
+
+    def __init__(
+        self,
+        nvml: Any,
+        handle: Any,
+        sample_get: SampleGet | None = None,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.handle = handle
-        self._get = nvml.nvmlGpmSampleGet
+        self._clock = clock_ns
+        if sample_get is None:
+            device_get = nvml.nvmlGpmSampleGet
+
+            def sample_get(sample: Any) -> Any:
+                return device_get(handle, sample)
+
+        self._get = sample_get
         self._metrics_get = nvml.nvmlGpmMetricsGet
         self._free = nvml.nvmlGpmSampleFree
-        self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
-        self._get(handle, self._samples[0])  # proves sampling works on this GPU (e.g. not under MIG)
+        self._samples: list[Any] = []
+        try:
+            self._samples.append(nvml.nvmlGpmSampleAlloc())
+            self._samples.append(nvml.nvmlGpmSampleAlloc())
+            self._get(self._samples[0])  # proves sampling works here (e.g. not a MIG parent)
+        except BaseException:
+            self.close()  # the probe failed: the buffers are not leaked
+            raise
         self._cur = 0
         self._have_prev = False
         self._last_ns = 0
@@ -84,12 +128,16 @@ class GpmSampler:
         """Forget the previous sample (after a gap the next cycle must not span it)."""
         self._have_prev = False
 
-    def sample(self, now_ns: int, out: dict[str, Any]) -> int:
-        """Take this cycle's sample and write the metrics; returns how many metrics failed."""
-        if self._have_prev and now_ns - self._last_ns < MIN_INTERVAL_NS:
+    def sample(self, out: dict[str, Any]) -> int:
+        """Take this cycle's sample and write the metrics; returns how many metrics failed.
+
+        Spacing is judged on the sampler's clock at the moment of sampling, not on the cycle's
+        grid time: at a 0.1 s interval two cycles can be a little less than 100 ms apart."""
+        now_ns = self._clock()
+        if self._have_prev and now_ns - self._last_ns < SPACING_NS:
             return 0
         cur = self._samples[self._cur]
-        self._get(self.handle, cur)
+        self._get(cur)
         self._last_ns = now_ns
         if not self._have_prev:
             self._have_prev = True

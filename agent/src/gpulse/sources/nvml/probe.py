@@ -1,26 +1,24 @@
 """Probe every metric on a GPU once and compile what works into a per-GPU sampling plan.
 
-The plan is the capability table made executable: per tier (every cycle, ~10 s, ~60 s) one list
-of ``nvmlDeviceGetFieldValues`` ids with the field each entry fills, and one list of small
-collectors ``(label, fn(handle, out))`` bound to the pynvml functions that answered. The hot path
-then loops over these lists and never probes, so an unsupported metric costs nothing and is
-absent from the line, never 0.
+The plan is the capability table made executable: per tier combination one field-values
+:class:`~gpulse.sources.nvml.fields.Batch`, and per tier (every cycle, ~10 s, ~60 s) a list of
+small collectors ``(label, fn(handle, out))`` bound to the pynvml functions that answered. The hot
+path then loops over these and never probes, so an unsupported metric costs nothing and is absent
+from the line, never 0.
 
-Field ids are the long-stable ones (trap T3: newer ``CLOCKS_EVENT_REASON_*`` ids were renumbered
-between bindings); each entry's ``nvmlReturn`` and a plausible range are checked at probe time.
-Units: power fields are mW (→ W); energy is mJ; NVLink counters are KiB; the perf-policy
-(throttle-time) counters 74-79 are stored as read, in the driver's unit, which nvidia-smi prints
-as µs (``clocks_event_reasons_counters_*``) while the older ViolationStatus API documents ns —
-hence the ``*_us`` fields say "driver units"; derive a fraction of time with a rate over a known
-throttled interval on real hardware before trusting the scale.
+What a GPU costs per cycle is what the plan holds: on an H100 one field-values call (power,
+energy, HBM temperature, PCIe byte counters; the ~10 s tier adds the throttle counters, PCIe
+replays and NVLink per link, state included, to the same call), ten single-value calls
+(utilisation, memory, temperature, three clocks, clock-event reasons, P-state, encoder, decoder)
+and two GPM calls. No call in the plan waits: ``nvmlDeviceGetPcieThroughput`` (20 ms) is replaced
+by the PCIe byte counters, or read off the cycle by :mod:`.window` where they are missing.
 """
 
 from __future__ import annotations
 
-import ctypes
-import math
-import struct
-from collections.abc import Callable, Iterator
+import enum
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,37 +26,24 @@ from gpulse import schema
 from gpulse.sources.base import GpuIdentity
 from gpulse.sources.nvml import errors as E
 from gpulse.sources.nvml import gpm as nvml_gpm
+from gpulse.sources.nvml import mig as nvml_mig
+from gpulse.sources.nvml import window
 from gpulse.sources.nvml.events import handle_key
+from gpulse.sources.nvml.fields import (
+    FI_NVLINK_LINK_COUNT,
+    FI_NVLINK_RX_KIB,
+    FI_NVLINK_STATE,
+    FI_NVLINK_TX_KIB,
+    RATE_READS,
+    TIERS,
+    UINT_MAX,
+    VALUE_READS,
+    Batch,
+    field_results,
+)
 
 Collector = Callable[[Any, dict[str, Any]], None]
 Factory = Callable[[Any], Collector | None]
-
-#: nvmlValueType_t -> attribute of the c_nvmlValue_t union
-VALUE_ATTR = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-_INF = math.inf
-#: (tier, field id, scope id, gpu field, scale or None, plausible (lo, hi) of the converted value)
-FIELD_READS: tuple[tuple[str, int, int, str, float | None, tuple[float, float]], ...] = (
-    ("fast", 82, 0, "temp_mem_c", None, (1, 150)),  # NVML_FI_DEV_MEMORY_TEMP
-    ("fast", 186, 0, "power_w", 0.001, (0, 5000)),  # NVML_FI_DEV_POWER_INSTANT, scope GPU, mW
-    ("fast", 83, 0, "energy_mj", None, (0, _INF)),  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
-    ("medium", 74, 0, "throttle_power_us", None, (0, _INF)),  # NVML_FI_DEV_PERF_POLICY_POWER
-    ("medium", 75, 0, "throttle_thermal_us", None, (0, _INF)),
-    ("medium", 76, 0, "throttle_sync_boost_us", None, (0, _INF)),
-    ("medium", 77, 0, "throttle_board_limit_us", None, (0, _INF)),
-    ("medium", 78, 0, "throttle_low_util_us", None, (0, _INF)),
-    ("medium", 79, 0, "throttle_reliability_us", None, (0, _INF)),
-    ("medium", 94, 0, "pcie_replays", None, (0, _INF)),  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
-    ("slow", 3, 0, "ecc_corrected_volatile", None, (0, _INF)),  # ECC_SBE_VOL_TOTAL
-    ("slow", 4, 0, "ecc_uncorrected_volatile", None, (0, _INF)),  # ECC_DBE_VOL_TOTAL
-    ("slow", 5, 0, "ecc_corrected_aggregate", None, (0, _INF)),  # ECC_SBE_AGG_TOTAL
-    ("slow", 6, 0, "ecc_uncorrected_aggregate", None, (0, _INF)),  # ECC_DBE_AGG_TOTAL
-    ("slow", 29, 0, "retired_pages_sbe", None, (0, _INF)),  # NVML_FI_DEV_RETIRED_SBE
-    ("slow", 30, 0, "retired_pages_dbe", None, (0, _INF)),
-    ("slow", 31, 0, "retired_pages_pending", None, (0, 1)),
-)
-FI_NVLINK_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, scopeId = link
-FI_NVLINK_RX_KIB = 139
-PCIE_KB = 1024  # nvmlDeviceGetPcieThroughput answers in KB/s (20 ms window); read as KiB like nvitop
 
 _THROTTLE = schema.THROTTLE_MASK
 _FLAGS = tuple((bit, name) for bit, name, _ in schema.CLOCK_EVENT_FLAGS)
@@ -214,7 +199,6 @@ CALLS: tuple[tuple[str, str, tuple[Factory, ...], tuple[str, ...]], ...] = (
     ("fast", "temperature", (_temp_v, _getter("nvmlDeviceGetTemperature", "temp_gpu_c", 0)), ()),
     ("fast", "power", (_getter("nvmlDeviceGetPowerUsage", "power_w", scale=0.001),), ("power_w",)),
     ("fast", "energy", (_getter("nvmlDeviceGetTotalEnergyConsumption", "energy_mj"),), ("energy_mj",)),
-    ("fast", "power_limit", (_getter("nvmlDeviceGetEnforcedPowerLimit", "power_limit_w", scale=0.001),), ()),
     ("fast", "clock_sm", (_getter("nvmlDeviceGetClockInfo", "clock_sm_mhz", 1),), ()),  # NVML_CLOCK_SM
     ("fast", "clock_mem", (_getter("nvmlDeviceGetClockInfo", "clock_mem_mhz", 2),), ()),
     ("fast", "clock_graphics", (_getter("nvmlDeviceGetClockInfo", "clock_graphics_mhz", 0),), ()),
@@ -226,17 +210,16 @@ CALLS: tuple[tuple[str, str, tuple[Factory, ...], tuple[str, ...]], ...] = (
     ),
     ("fast", "pstate", (_getter("nvmlDeviceGetPerformanceState", "pstate"),), ()),
     ("fast", "fan", (_getter("nvmlDeviceGetFanSpeed", "fan_pct"),), ()),
-    ("fast", "pcie_tx", (_getter("nvmlDeviceGetPcieThroughput", "pcie_tx_bytes_per_s", 0, scale=PCIE_KB),), ()),
-    ("fast", "pcie_rx", (_getter("nvmlDeviceGetPcieThroughput", "pcie_rx_bytes_per_s", 1, scale=PCIE_KB),), ()),
     ("fast", "encoder", (_codec("nvmlDeviceGetEncoderUtilization", "enc_util_pct"),), ()),
     ("fast", "decoder", (_codec("nvmlDeviceGetDecoderUtilization", "dec_util_pct"),), ()),
+    # an administrative setting: read with the ~10 s tier, not every cycle
+    ("medium", "power_limit", (_getter("nvmlDeviceGetEnforcedPowerLimit", "power_limit_w", scale=0.001),), ()),
     ("medium", "pcie_replays", (_getter("nvmlDeviceGetPcieReplayCounter", "pcie_replays"),), ("pcie_replays",)),
     ("medium", "pcie_link_gen", (_getter("nvmlDeviceGetCurrPcieLinkGeneration", "pcie_link_gen"),), ()),
     ("medium", "pcie_link_width", (_getter("nvmlDeviceGetCurrPcieLinkWidth", "pcie_link_width"),), ()),
     ("slow", "ecc", (_ecc_calls,), ("ecc_corrected_volatile",)),
     ("slow", "remapped_rows", (_remapped,), ()),
 )
-TIERS = ("fast", "medium", "slow")
 
 #: The fields a collector writes, for one that was kept after a transient error at probe time.
 _LABEL_FIELDS: dict[str, tuple[str, ...]] = {
@@ -252,8 +235,6 @@ _LABEL_FIELDS: dict[str, tuple[str, ...]] = {
     "clock_event_reasons": ("clock_event_reasons", "throttled", *(name for _, name, _ in schema.CLOCK_EVENT_FLAGS)),
     "pstate": ("pstate",),
     "fan": ("fan_pct",),
-    "pcie_tx": ("pcie_tx_bytes_per_s",),
-    "pcie_rx": ("pcie_rx_bytes_per_s",),
     "encoder": ("enc_util_pct",),
     "decoder": ("dec_util_pct",),
     "pcie_replays": ("pcie_replays",),
@@ -274,17 +255,24 @@ _LABEL_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _fields_of(label: str) -> tuple[str, ...]:
-    return _LABEL_FIELDS.get(label, ())
+class ProcessAccess(enum.Enum):
+    """What the driver answered for this GPU's process list at probe time (``gpu_info.process_access``)."""
+
+    OK = "ok"
+    NO_PERMISSION = "no_permission"  # a MIG parent for a non-root caller: aggregate lists need privileges
+    NOT_SUPPORTED = "not_supported"
 
 
-@dataclass
-class Tier:
-    """What one tier reads: a field-values batch and a list of collectors."""
-
-    fids: list[tuple[int, int]] = field(default_factory=list)
-    fmap: list[tuple[str, float | None]] = field(default_factory=list)
-    calls: list[tuple[str, Collector]] = field(default_factory=list)
+#: What ``gpulse doctor`` tells a user about a GPU's ``process_access`` (MIG parents and others).
+PROCESS_ACCESS_ADVICE: dict[str, str] = {
+    ProcessAccess.OK.value: "process list readable",
+    ProcessAccess.NO_PERMISSION.value: (
+        "process list needs privileges (NVML answers NO_PERMISSION: on a MIG-enabled GPU the aggregate list is "
+        "given to privileged callers only); gpulse reads each MIG instance's own list instead, or run the agent "
+        "as root for the GPU-wide list"
+    ),
+    ProcessAccess.NOT_SUPPORTED.value: "the driver offers no process list for this GPU",
+}
 
 
 @dataclass
@@ -295,14 +283,24 @@ class GpuPlan:
     handle: Any
     key: int
     info: dict[str, Any]
-    tiers: dict[str, Tier]
+    calls: dict[str, list[tuple[str, Collector]]]
     supported: set[str]
+    values: dict[str, list[tuple[int, int, str, float | None]]] = field(default_factory=dict)
+    rates: list[tuple[int, str]] = field(default_factory=list)
     links: list[int] = field(default_factory=list)
-    link_fids: list[tuple[int, int]] = field(default_factory=list)
+    link_totals: bool = False
+    #: (medium due, slow due) -> the field-values request of such a cycle
+    batches: dict[tuple[bool, bool], Batch] = field(default_factory=dict)
+    #: previous (counter, timestamp µs) of each rate field
+    rate_prev: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: read by the window reader (20 ms wait per call), not by the cycle
+    pcie_window: bool = False
     gpm: nvml_gpm.GpmSampler | None = None
     proc_lists: list[Callable[[Any], Any]] = field(default_factory=list)
     proc_util: Callable[[Any, int], Any] | None = None
+    process_access: ProcessAccess = ProcessAccess.OK
     mig: bool = False
+    migs: list[nvml_mig.MigPlan] = field(default_factory=list)
     #: transient error codes met while probing (counted by the source)
     probe_errors: list[int] = field(default_factory=list)
 
@@ -310,50 +308,49 @@ class GpuPlan:
     def index(self) -> int:
         return self.identity.index
 
+    def compile_batches(self) -> None:
+        """One field-values layout per (medium, slow) combination; links ride with the medium tier."""
+        self.batches = {}
+        for medium in (False, True):
+            for slow in (False, True):
+                values = [v for t in TIERS if t == "fast" or (t == "medium" and medium) or (t == "slow" and slow)
+                          for v in self.values.get(t, [])]  # fmt: skip
+                links = self.links if medium else []
+                self.batches[(medium, slow)] = Batch.build(values, self.rates, links, self.link_totals and medium)
+
     def info_fields(self) -> dict[str, Any]:
         """The gpu_info point: static facts plus the current supported/unsupported lists."""
-        names = [f.name for f in schema.GPU.fields]
         out = dict(self.info)
         out["gpm_supported"] = 1 if self.gpm is not None else 0
-        out["supported_metrics"] = ",".join(n for n in names if n in self.supported)
-        out["unsupported_metrics"] = ",".join(n for n in names if n not in self.supported)
+        out["process_access"] = self.process_access.value
+        out.update(_supported_lists(self.supported))
         return out
 
-
-def field_value(fv: Any) -> Any:
-    return getattr(fv.value, VALUE_ATTR[fv.valueType])
-
-
-# c_nvmlFieldValue_t: fieldId u32, scopeId u32, timestamp i64, latencyUsec i64, valueType u32,
-# nvmlReturn u32, value (8-byte union). pynvml's structures override __getattribute__ (≈0.2 µs per
-# attribute), so the hot path decodes the whole array in one struct pass instead.
-_FV = struct.Struct("<IIqqIIQ")
+    def close(self) -> None:
+        """Free the NVML allocations of this GPU (GPM samples), its MIG devices' included."""
+        if self.gpm is not None:
+            self.gpm.close()
+            self.gpm = None
+        for m in self.migs:
+            m.close()
 
 
-def _decode(vtype: int, raw: int) -> Any:
-    if vtype == 0:
-        return struct.unpack("<d", raw.to_bytes(8, "little"))[0]
-    if vtype == 1:
-        return raw & 0xFFFFFFFF
-    if vtype == 6:
-        return raw & 0xFFFF
-    if vtype == 4:
-        return raw - (1 << 64) if raw >= 1 << 63 else raw
-    if vtype == 5:
-        v = raw & 0xFFFFFFFF
-        return v - (1 << 32) if v >= 1 << 31 else v
-    return raw  # 2 (unsigned long, 64-bit on Linux), 3 (unsigned long long)
+def _supported_lists(supported: set[str]) -> dict[str, str]:
+    names = [f.name for f in schema.GPU.fields]
+    return {
+        "supported_metrics": ",".join(n for n in names if n in supported),
+        "unsupported_metrics": ",".join(n for n in names if n not in supported),
+    }
 
 
-def field_results(nv: Any, values: Any) -> Iterator[tuple[int, Any]]:
-    """(nvmlReturn, value) per entry of a ``nvmlDeviceGetFieldValues`` answer."""
-    if ctypes.sizeof(nv.c_nvmlFieldValue_t) == _FV.size:
-        for _f, _s, _t, _l, vtype, ret, raw in _FV.iter_unpack(bytes(values)):
-            yield ret, (raw if vtype == 3 else _decode(vtype, raw)) if ret == 0 else None
-    else:  # a binding with another layout: slow but right
-        for fv in values:
-            ret = fv.nvmlReturn
-            yield ret, field_value(fv) if ret == 0 else None
+def mig_info_fields(parent: GpuPlan, m: nvml_mig.MigPlan) -> dict[str, Any]:
+    """The gpu_info point of one MIG device (tagged with its ``mig``)."""
+    out: dict[str, Any] = {"name": f"{parent.identity.model} MIG {m.profile}", "mig_uuid": m.uuid}
+    out.update(mig_gpu_instance=m.gpu_instance, mig_compute_instance=m.compute_instance)
+    out["gpm_supported"] = 1 if m.gpm is not None else 0
+    out["process_access"] = (ProcessAccess.OK if m.proc_lists else ProcessAccess.NOT_SUPPORTED).value
+    out.update(_supported_lists(m.supported))
+    return out
 
 
 def _call_ok(nv: Any, fn: Callable[[], Any], errors: list[int] | None = None) -> tuple[bool, Any]:
@@ -361,11 +358,12 @@ def _call_ok(nv: Any, fn: Callable[[], Any], errors: list[int] | None = None) ->
 
     A lost GPU or a dead driver propagates. A transient error (Timeout, Unknown, ...) keeps the
     metric: one bad answer at start must not hide a metric for the agent's whole life. Its code
-    is appended to ``errors`` so the source counts it.
+    is appended to ``errors`` so the source counts it. ``NVMLLibraryMismatchError`` (a missing
+    versioned symbol behind an unversioned wrapper) is FunctionNotFound: unsupported.
     """
     try:
         return True, fn()
-    except nv.NVMLError as e:
+    except E.nvml_errors(nv) as e:
         code = E.code_of(e)
         if code in E.LOST or code in E.DRIVER_GONE:
             raise
@@ -375,32 +373,23 @@ def _call_ok(nv: Any, fn: Callable[[], Any], errors: list[int] | None = None) ->
         return True, None
 
 
-def probe_gpu(nv: Any, index: int, system: dict[str, Any], want_gpm: bool = True) -> GpuPlan:
+def probe_gpu(
+    nv: Any,
+    index: int,
+    system: dict[str, Any],
+    want_gpm: bool = True,
+    gpm_clock: Callable[[], int] = time.monotonic_ns,
+) -> GpuPlan:
     """Probe GPU ``index``; raises pynvml errors only when the GPU is lost or the driver is gone."""
     h = nv.nvmlDeviceGetHandleByIndex(index)
     name = str(nv.nvmlDeviceGetName(h))
     uuid = str(nv.nvmlDeviceGetUUID(h))
     ident = GpuIdentity(index, uuid, name)
     info: dict[str, Any] = {"name": name, **system}
-    tiers = {t: Tier() for t in TIERS}
     supported: set[str] = set()
     errors: list[int] = []
-
-    # field values: one batch with every candidate, keep the entries that answer plausibly
-    ok, values = _call_ok(nv, lambda: nv.nvmlDeviceGetFieldValues(h, [(fid, sc) for _, fid, sc, *_ in FIELD_READS]))
-    if ok:
-        for (tier, fid, scope, fname, scale, (lo, hi)), (ret, v) in zip(
-            FIELD_READS, field_results(nv, values), strict=True
-        ):
-            if ret in E.LOST or ret in E.DRIVER_GONE:
-                raise nv.NVMLError(ret)
-            if ret != 0:
-                continue
-            v = v * scale if scale is not None else v
-            if isinstance(v, (int, float)) and lo <= v <= hi:
-                tiers[tier].fids.append((fid, scope))
-                tiers[tier].fmap.append((fname, scale))
-                supported.add(fname)
+    plan = GpuPlan(ident, h, handle_key(h), info, {t: [] for t in TIERS}, supported, probe_errors=errors)
+    _probe_fields(nv, plan)
 
     for tier, label, alternatives, only_if_missing in CALLS:
         if only_if_missing and only_if_missing[0] in supported:
@@ -412,30 +401,75 @@ def probe_gpu(nv: Any, index: int, system: dict[str, Any], want_gpm: bool = True
             scratch: dict[str, Any] = {}
             ok, _ = _call_ok(nv, lambda fn=fn, scratch=scratch: fn(h, scratch), errors)
             if ok:
-                tiers[tier].calls.append((label, fn))
-                supported.update(scratch or _fields_of(label))
+                plan.calls[tier].append((label, fn))
+                supported.update(scratch or _LABEL_FIELDS.get(label, ()))
                 if label == "memory":
                     info["mem_total_bytes"] = scratch.get("mem_total_bytes")
                 if label == "power_limit":
                     info["power_limit_w"] = scratch.get("power_limit_w")
                 break
 
-    plan = GpuPlan(ident, h, handle_key(h), info, tiers, supported, probe_errors=errors)
     _probe_static(nv, h, info)
     mig = _call_ok(nv, lambda: nv.nvmlDeviceGetMigMode(h))[1]
     plan.mig = bool(mig and mig[0] == 1)
     info["mig_mode"] = 1 if plan.mig else 0
     _probe_nvlink(nv, plan)
     info["nvlink_links"] = len(plan.links)
-    if want_gpm and nvml_gpm.gpm_supported(nv, h):
+    _probe_pcie(nv, plan)
+    plan.compile_batches()
+    gpm_ok = want_gpm and nvml_gpm.gpm_supported(nv, h)
+    if gpm_ok and not plan.mig:  # a MIG parent has no GPM of its own: per GPU instance below
         try:
-            plan.gpm = nvml_gpm.GpmSampler(nv, h)
+            plan.gpm = nvml_gpm.GpmSampler(nv, h, clock_ns=gpm_clock)
             supported.update(nvml_gpm.FIELDS)
-        except nv.NVMLError as e:
-            if E.code_of(e) in E.LOST or E.code_of(e) in E.DRIVER_GONE:
+        except E.nvml_errors(nv) as e:
+            if E.status_of(E.code_of(e)) is not E.Status.OK:
                 raise
     _probe_processes(nv, plan)
+    if plan.mig:
+        plan.migs = nvml_mig.probe_migs(nv, h, _call_ok, _memory_collector, gpm_clock if gpm_ok else None)
+        info["mig_devices"] = len(plan.migs)
     return plan
+
+
+def _memory_collector(nv: Any, handle: Any) -> Collector | None:
+    """The v2 memory call if it answers on ``handle``, else v1 (for a MIG device handle)."""
+    for factory in (_mem_v2, _mem_v1):
+        fn = factory(nv)
+        if fn is not None and _call_ok(nv, lambda fn=fn: fn(handle, {}))[0]:
+            return fn
+    return None
+
+
+def _probe_fields(nv: Any, plan: GpuPlan) -> None:
+    """One batch with every candidate field; keep the entries that answer plausibly."""
+    h = plan.handle
+    fids = [(fid, sc) for _, fid, sc, *_ in VALUE_READS] + [(fid, 0) for fid, _ in RATE_READS]
+    ok, values = _call_ok(nv, lambda: nv.nvmlDeviceGetFieldValues(h, fids))
+    if not ok or values is None:
+        return
+    results = list(field_results(nv, values))
+    for (tier, fid, scope, fname, scale, (lo, hi)), (ret, v, _ts) in zip(VALUE_READS, results, strict=False):
+        if ret in E.LOST or ret in E.DRIVER_GONE:
+            raise nv.NVMLError(ret)
+        if ret != 0:
+            continue
+        v = v * scale if scale is not None else v
+        if isinstance(v, (int, float)) and lo <= v <= hi:
+            plan.values.setdefault(tier, []).append((fid, scope, fname, scale))
+            plan.supported.add(fname)
+    for (fid, fname), (ret, _v, _ts) in zip(RATE_READS, results[len(VALUE_READS) :], strict=True):
+        if ret == 0:
+            plan.rates.append((fid, fname))
+            plan.supported.add(fname)
+
+
+def _probe_pcie(nv: Any, plan: GpuPlan) -> None:
+    """Without the PCIe byte counters, the 20 ms throughput call, read (and probed) off the cycle
+    by :mod:`.window`; it withdraws the fields if the GPU turns out not to answer."""
+    if not plan.rates and hasattr(nv, "nvmlDeviceGetPcieThroughput"):
+        plan.pcie_window = True
+        plan.supported.update(window.FIELDS)
 
 
 def _probe_static(nv: Any, h: Any, info: dict[str, Any]) -> None:
@@ -458,41 +492,54 @@ def _probe_static(nv: Any, h: Any, info: dict[str, Any]) -> None:
 
 
 def _probe_nvlink(nv: Any, plan: GpuPlan) -> None:
-    """Links that exist (state answers) and whose byte counters answer through field values."""
-    state = getattr(nv, "nvmlDeviceGetNvLinkState", None)
-    if state is None:
-        return
+    """Links whose state and byte counters answer through field values (one batch, no per-link calls).
+
+    The link count comes from ``NVML_FI_DEV_NVLINK_LINK_COUNT`` where it answers, else every link
+    up to ``NVML_NVLINK_MAX_LINKS`` is asked in the same batch. The all-links scope (``UINT_MAX``)
+    is kept when it answers: it is the total, and the per-link sum is checked against it."""
     h = plan.handle
-    links = [
-        link for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)) if _call_ok(nv, lambda k=link: state(h, k))[0]
-    ]
-    if not links:
-        return
-    fids = [(fid, link) for link in links for fid in (FI_NVLINK_TX_KIB, FI_NVLINK_RX_KIB)]
+    ok, values = _call_ok(nv, lambda: nv.nvmlDeviceGetFieldValues(h, [(FI_NVLINK_LINK_COUNT, 0)]))
+    count = next((v for ret, v, _ in field_results(nv, values) if ret == 0), None) if ok and values else None
+    candidates = range(int(count) if count else getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))
+    fids = [(fid, link) for link in candidates for fid in (FI_NVLINK_TX_KIB, FI_NVLINK_RX_KIB, FI_NVLINK_STATE)]
+    fids += [(FI_NVLINK_TX_KIB, UINT_MAX), (FI_NVLINK_RX_KIB, UINT_MAX)]
     ok, values = _call_ok(nv, lambda: nv.nvmlDeviceGetFieldValues(h, fids))
-    if not ok:
+    if not ok or values is None:
         return
-    rets = [ret for ret, _ in field_results(nv, values)]
-    good = [link for i, link in enumerate(links) if rets[2 * i] == 0 and rets[2 * i + 1] == 0]
-    plan.links = good
-    plan.link_fids = [(fid, link) for link in good for fid in (FI_NVLINK_TX_KIB, FI_NVLINK_RX_KIB)]
-    if good:
+    rets = [ret for ret, _, _ in field_results(nv, values)]
+    plan.links = [link for i, link in enumerate(candidates) if rets[3 * i] == rets[3 * i + 1] == rets[3 * i + 2] == 0]
+    if plan.links:
+        plan.link_totals = rets[-2] == 0 and rets[-1] == 0
         plan.supported.update(("nvlink_tx_kib", "nvlink_rx_kib"))
 
 
 def _probe_processes(nv: Any, plan: GpuPlan) -> None:
     h = plan.handle
+    access = None
     for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         f = getattr(nv, name, None)
-        if f is not None and _call_ok(nv, lambda f=f: f(h))[0]:
+        if f is None:
+            continue
+        try:
+            f(h)
+        except E.nvml_errors(nv) as e:
+            code = E.code_of(e)
+            if code in E.LOST or code in E.DRIVER_GONE:
+                raise
+            if access is None:
+                access = ProcessAccess.NO_PERMISSION if code == E.NO_PERMISSION else ProcessAccess.NOT_SUPPORTED
+            continue
+        access = ProcessAccess.OK
+        if not plan.mig:  # on a MIG GPU each instance's own list is read instead (no duplicates)
             plan.proc_lists.append(f)
+    plan.process_access = access or ProcessAccess.NOT_SUPPORTED
     util = getattr(nv, "nvmlDeviceGetProcessUtilization", None)
     if util is None:
         return
     try:
         util(h, 0)
         plan.proc_util = util
-    except nv.NVMLError as e:
+    except E.nvml_errors(nv) as e:
         code = E.code_of(e)
         if code in E.LOST or code in E.DRIVER_GONE:
             raise

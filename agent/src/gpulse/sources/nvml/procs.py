@@ -1,15 +1,20 @@
 """Per-process GPU use (``gpu_process``): running processes, their memory and utilisation.
 
-Utilisation comes from ``nvmlDeviceGetProcessUtilization`` with a stored ``lastSeenTimeStamp``
-cursor per GPU, so each point averages the driver's samples since the previous one instead of the
-driver's long default window (trap T6). ``NotFound`` means "no sample newer than the cursor", i.e.
-the process was idle: it reads 0, not a gap (T7). Garbage rows (pid 0, values above 100) seen around
-zombie contexts are dropped or clamped. Where per-process utilisation is not supported (MIG) the
-fields are absent.
+Utilisation comes from ``nvmlDeviceGetProcessUtilization``, which returns "one utilization sample
+structure ... per process running, that had some non-zero utilization during the last sample
+period", stamped with the CPU time of that sample (NVML reference). It is a snapshot of the
+driver's last sample period, not a history: each busy process gets its newest sample's values,
+nothing is averaged. A stored ``lastSeenTimeStamp`` cursor per GPU asks only for samples newer than
+the previous read; ``NotFound`` ("if sample entries are not found") means no process was busy
+since then, so every process reads 0, not a gap. Garbage rows (pid 0, values above 100) seen around
+zombie contexts are dropped or clamped. On MIG the parent's utilisation is "not currently
+supported" and the fields are absent; each MIG instance's processes come from its own device
+handle and carry its ``mig`` tag.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpulse.sources.base import Reading
@@ -18,26 +23,45 @@ from gpulse.sources.nvml.probe import GpuPlan
 from gpulse.sources.processes import ProcessDescriber
 
 
+def _memory_by_pid(lists: list[Callable[[Any], Any]], handle: Any) -> dict[int, int | None]:
+    procs: dict[int, int | None] = {}
+    for fn in lists:
+        for p in fn(handle):
+            pid = int(p.pid)
+            if pid <= 0:
+                continue
+            mem = p.usedGpuMemory  # None when NVML answers "not available" (WDDM)
+            prev = procs.get(pid)
+            procs[pid] = mem if prev is None else max(prev, mem or 0)
+    return procs
+
+
 class ProcessSampler:
     def __init__(self, nvml: Any, describer: ProcessDescriber, window_us: int = 5_000_000) -> None:
         self.nvml = nvml
         self.describer = describer
         self.window_us = window_us
-        self.cursor_us: dict[int, int] = {}  # GPU index -> last seen sample timestamp (CPU µs)
+        self.cursor_us: dict[int, int] = {}  # GPU index -> newest sample timestamp seen (CPU µs)
 
     def sample(self, plan: GpuPlan, now_ns: int) -> list[Reading]:
-        """The gpu_process readings of one GPU; NVML errors propagate to the source's counting."""
-        h = plan.handle
-        procs: dict[int, int | None] = {}
-        for fn in plan.proc_lists:
-            for p in fn(h):
-                pid = int(p.pid)
-                if pid <= 0:
-                    continue
-                mem = p.usedGpuMemory  # None on WDDM / MIG without privileges
-                prev = procs.get(pid)
-                procs[pid] = mem if prev is None else max(prev, mem or 0)
+        """The gpu_process readings of one GPU and its MIG devices; NVML errors propagate."""
         util = self._utilization(plan, now_ns) if plan.proc_util is not None else None
+        out = self._readings(plan.index, _memory_by_pid(plan.proc_lists, plan.handle), util, now_ns, None)
+        for m in plan.migs:
+            if m.proc_lists:
+                out += self._readings(
+                    plan.index, _memory_by_pid(m.proc_lists, m.handle), None, now_ns + len(out), m.tags
+                )
+        return out
+
+    def _readings(
+        self,
+        gpu: int,
+        procs: dict[int, int | None],
+        util: dict[int, tuple[float, float]] | None,
+        ts: int,
+        tags: dict[str, str] | None,
+    ) -> list[Reading]:
         out: list[Reading] = []
         for i, pid in enumerate(sorted(procs)):
             fields: dict[str, Any] = {"pid": pid}
@@ -55,31 +79,32 @@ class ProcessSampler:
                 fields["user"] = d.user
             if d.container is not None:
                 fields["container"] = d.container
-            out.append(Reading("gpu_process", plan.index, fields, now_ns + i))
+            out.append(Reading("gpu_process", gpu, fields, ts + i, tags))
         return out
 
     def _utilization(self, plan: GpuPlan, now_ns: int) -> dict[int, tuple[float, float]]:
+        """pid -> (SM %, memory %) of the driver's newest sample per busy process."""
         idx = plan.index
         cursor = self.cursor_us.get(idx)
-        if cursor is None:
+        if cursor is None:  # first read: only a sample from the last window counts
             cursor = now_ns // 1000 - self.window_us
         try:
             samples = plan.proc_util(plan.handle, cursor)  # type: ignore[misc]
         except self.nvml.NVMLError as e:
-            if E.code_of(e) == E.NOT_FOUND:
+            if E.code_of(e) == E.NOT_FOUND:  # nothing newer than the cursor: every process idle
                 self.cursor_us[idx] = cursor
                 return {}
             raise
-        acc: dict[int, list[float]] = {}
-        newest = cursor
+        newest: dict[int, tuple[int, float, float]] = {}
+        top = cursor
         for s in samples:
-            ts = int(s.timeStamp)
-            if ts <= cursor or s.pid == 0:
+            ts, pid = int(s.timeStamp), int(s.pid)
+            if ts <= cursor or pid == 0:
                 continue
-            newest = max(newest, ts)
-            a = acc.setdefault(int(s.pid), [0.0, 0.0, 0])
-            a[0] += min(max(int(s.smUtil), 0), 100)
-            a[1] += min(max(int(s.memUtil), 0), 100)
-            a[2] += 1
-        self.cursor_us[idx] = newest
-        return {pid: (round(a[0] / a[2], 2), round(a[1] / a[2], 2)) for pid, a in acc.items()}
+            top = max(top, ts)
+            if pid not in newest or ts >= newest[pid][0]:
+                sm = float(min(max(int(s.smUtil), 0), 100))
+                mu = float(min(max(int(s.memUtil), 0), 100))
+                newest[pid] = (ts, sm, mu)
+        self.cursor_us[idx] = top
+        return {pid: (sm, mu) for pid, (_, sm, mu) in newest.items()}
