@@ -20,7 +20,7 @@ if [ -z "$PICK" ]; then
     if [ -n "$cand" ] && [ -x "$cand" ]; then PICK="$cand"; break; fi
   done
 fi
-deps="import pynvml, tenacity, influxdb_client, docker"
+deps="import pynvml, tenacity, docker"
 if ! "$PICK" -c "$deps" 2>/dev/null; then
   if [ ! -d wheels ]; then
     echo "gpu-check: $PICK lacks gpulse's dependencies and there is no wheels/ folder; run 'make gpu-wheels' where there is network and bring wheels/ along (scripts/GPU-CHECK.md)" >&2
@@ -29,7 +29,7 @@ if ! "$PICK" -c "$deps" 2>/dev/null; then
   venv="${TMPDIR:-/tmp}/gpulse-gpu-check-venv"
   # system site packages: the machine's CUDA torch stays visible
   [ -x "$venv/bin/python" ] || "$PICK" -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install -q --no-index --find-links wheels nvidia-ml-py tenacity influxdb-client docker tomli
+  "$venv/bin/python" -m pip install -q --no-index --find-links wheels nvidia-ml-py tenacity docker tomli
   PICK="$venv/bin/python"
 fi
 exec "$PICK" scripts/gpu_check.py "$@"

@@ -17,7 +17,9 @@ steps through ``gpulse.training`` with CUDA events on GPU 0, and then checks wha
 * ``training_step``: ``train_step`` points with CUDA-event phase times, and GPU 0 tagged with the run.
 
 Every check prints PASS, FAIL or SKIP (with why); every figure goes to the JSON summary
-(``--summary``, default ``gpu-check-summary.json``). Exit 0 only when no check failed. Without an
+(``--summary``, default ``gpu-check-summary.json``), with one more: what "KB" means in
+``nvmlDeviceGetPcieThroughput`` (``pcie_kb``: its 20 ms readings against the PCIe byte counter
+during host-to-device copies). Exit 0 only when no check failed. Without an
 NVIDIA driver or without a CUDA build of torch in this Python it says so in one sentence, exit 1.
 How to run it on a machine without network: ``scripts/GPU-CHECK.md``.
 
@@ -83,6 +85,22 @@ for _ in range(steps):
     run.log(loss=loss.detach())
 run.finish()
 print(json.dumps({"run_id": run.run_id, "steps": steps}), flush=True)
+"""
+
+
+# Host-to-device copies on GPU 0, for the PCIe unit measurement (pinned memory, 256 MiB at a time).
+COPY = r"""
+import sys, time, torch
+dev = torch.device("cuda:0")
+src = torch.empty(256 << 20, dtype=torch.uint8).pin_memory()
+dst = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+dst.copy_(src, non_blocking=True)
+torch.cuda.synchronize(dev)
+print("ready", flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(dev)
 """
 
 
@@ -347,6 +365,44 @@ def cuda_torch_problem(python: str, env: dict[str, str]) -> str | None:
     return None
 
 
+def pcie_unit(env: dict[str, str], seconds: float = 3.0) -> dict[str, Any]:
+    """What "KB" means in ``nvmlDeviceGetPcieThroughput``: its 20 ms readings during steady
+    host-to-device copies against the PCIe RX byte counter (field 198) over the same time.
+    A figure for the summary, not a check: a ratio near 1000 or 1024 settles the unit."""
+    import pynvml
+
+    copy = subprocess.Popen([sys.executable, "-c", COPY, str(seconds + 2)], stdout=subprocess.PIPE, text=True, env=env)
+    pynvml.nvmlInit()
+    try:
+        if (copy.stdout.readline() if copy.stdout else "").strip() != "ready":
+            return {"skipped": "the copy load did not start"}
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        time.sleep(0.3)
+
+        def counter() -> tuple[int, int] | None:
+            v = pynvml.nvmlDeviceGetFieldValues(h, [(198, 0)])[0]  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+            return (int(v.value.ullVal), int(v.timestamp)) if v.nvmlReturn == 0 else None
+
+        first, windows, end = counter(), [], time.monotonic() + seconds
+        if first is None:
+            return {"skipped": "this GPU has no PCIe byte counters (field 198)"}
+        while time.monotonic() < end:
+            windows.append(pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES))
+        last = counter()
+        assert last is not None
+        rate = (last[0] - first[0]) * 1e6 / max(last[1] - first[1], 1)
+        kb = statistics.fmean(windows)
+        ratio = rate / kb if kb else None
+        verdict = "inconclusive"
+        for unit in (1000, 1024):
+            if ratio and abs(ratio - unit) / unit < 0.01:
+                verdict = f"KB = {unit} bytes"
+        return {"counter_rx_bytes_per_s": rate, "window_rx_kb_per_s": kb, "bytes_per_kb": ratio, "verdict": verdict}
+    finally:
+        pynvml.nvmlShutdown()
+        stop([copy])
+
+
 def start_loads(n: int, seconds: float, env: dict[str, str]) -> tuple[list[subprocess.Popen[str]], dict[int, Load]]:
     procs = [
         subprocess.Popen([sys.executable, "-c", LOAD, str(i), str(seconds)], stdout=subprocess.PIPE, text=True, env=env)
@@ -429,6 +485,11 @@ def main() -> int:
 
     rec = read_record(record)
     checks = analyse(rec, len(names), loads, baseline, final, args.interval, train)
+    try:
+        pcie = pcie_unit(env)
+    except Exception as e:  # a figure, not a check: its failure must not hide the checks' verdict
+        pcie = {"skipped": f"{type(e).__name__}: {e}"}
+    print(f"gpu-check: PCIe throughput unit: {pcie.get('verdict', pcie.get('skipped'))} {pcie}")
     if rec.bad_lines:
         checks.append(Check("record_file", "fail", f"{rec.bad_lines} unparsable line(s) in {record}"))
     ok = not any(c.status == "fail" for c in checks)
@@ -441,6 +502,7 @@ def main() -> int:
         "interval_s": args.interval,
         "agent_final": final,
         "points": {m: len(p) for m, p in rec.points.items()},
+        "pcie_kb": pcie,
         "checks": [asdict(c) for c in checks],
     }
     args.summary.write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -3,7 +3,8 @@
 # or named with the command that installs them:
 #   influxd   Debian's influxdb (InfluxDB 1.x): the real server the database tests start on free ports
 #   chromium  Debian's chromium (headless): renders the HTML report for the layout and screenshot test
-#   node/npm  run InfluxData's Flux parser and type checker (tests/flux), installed with npm ci
+#   node/npm  run InfluxData's Flux parser and type checker (tests/flux) and Grafana's own types,
+#             unit formatter and transformers for the dashboards (tests/grafana-types), each npm ci
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '== make test: %s\n' "$*"; }
@@ -27,5 +28,10 @@ fi
 if [ ! -f tests/flux/node_modules/@influxdata/flux-lsp-browser/package.json ]; then
   say "InfluxData's Flux checker: npm ci --prefix tests/flux (about 4 MB from the npm registry)"
   npm ci --prefix tests/flux --no-audit --no-fund
+fi
+if [ ! -f tests/grafana-types/node_modules/.package-lock.json ] \
+  || [ tests/grafana-types/package-lock.json -nt tests/grafana-types/node_modules/.package-lock.json ]; then
+  say "Grafana 12.4's types, unit formatter and transformers: npm ci --prefix tests/grafana-types (@grafana/schema, @grafana/data)"
+  npm ci --prefix tests/grafana-types --no-audit --no-fund
 fi
 say "influxd $(influxd version 2>/dev/null | head -1 | awk '{print $2}'), $(chromium --version 2>/dev/null || chromium-browser --version), node $(node --version): ready"

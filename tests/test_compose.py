@@ -117,8 +117,16 @@ def test_secrets_reach_containers_only_as_files(compose):
         "DOCKER_INFLUXDB_INIT_PASSWORD_FILE": "influxdb-admin-password",
         "DOCKER_INFLUXDB_INIT_ADMIN_TOKEN_FILE": "influxdb-admin-token",
         "GF_SECURITY_ADMIN_PASSWORD__FILE": "grafana-admin-password",
-        "GF_INFLUX_TOKEN__FILE": "grafana-influx-token",
     }
+
+
+def test_grafanas_environment_never_carries_the_influxdb_token(compose):
+    """Grafana's ``run.sh`` exports every ``GF_<X>__FILE`` file's content as ``GF_<X>``; the datasource
+    reads the token with ``$__file{...}``, so no variable may bring it into Grafana's environment."""
+    grafana = compose["services"]["grafana"]
+    assert not [v for v in (grafana.get("environment") or {}).values() if "grafana-influx-token" in str(v)]
+    datasource = (REPO / "grafana" / "provisioning" / "datasources" / "influxdb.yaml").read_text()
+    assert "$__file{/run/secrets/grafana-influx-token}" in datasource and "$GF_" not in datasource
 
 
 def test_no_literal_password_or_token_anywhere_in_the_stack_files(compose):

@@ -8,35 +8,26 @@ installs it with `npm ci --prefix tests/flux` (.ci/run); this test installs it t
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from support import flux_parser
 from support.fixtures import REPO
 
 from gpulse.influx.downsample import TIERS, flux_query, flux_task
 
-HARNESS = REPO / "tests" / "flux"
-PACKAGE = HARNESS / "node_modules" / "@influxdata" / "flux-lsp-browser" / "package.json"
+HARNESS = flux_parser.HARNESS
 
 
 @pytest.fixture(scope="module")
 def flux_check():
     """Runs the checker on files; returns one verdict dict per file."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        pytest.fail("node and npm are needed to type-check Flux (apt-get install nodejs npm); they are missing")
-    if not PACKAGE.exists():
-        r = subprocess.run(
-            [npm, "ci", "--prefix", str(HARNESS), "--no-audit", "--no-fund"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if r.returncode != 0:
-            pytest.fail(f"`npm ci --prefix tests/flux` failed (needs the npm registry):\n{r.stderr[-2000:]}")
-    assert json.loads(PACKAGE.read_text())["version"] == "0.8.40"
+    try:
+        node = flux_parser.ensure_installed()
+    except flux_parser.FluxToolMissing as e:
+        pytest.fail(str(e))
+    assert json.loads(flux_parser.PACKAGE.read_text())["version"] == "0.8.40"
 
     def check(*files: Path) -> list[dict]:
         r = subprocess.run(
@@ -83,7 +74,7 @@ def test_tasks_for_another_bucket_and_the_one_off_backfill_queries_pass_too(flux
             "unexpected argument evry",
         ),
         (lambda s: s.replace("every: 1m, fn: mean", 'every: "1m", fn: mean'), "expected duration but found string"),
-        (lambda s: s.replace("|> range(start: start)", "|> range(start: strat)", 1), "undefined identifier strat"),
+        (lambda s: s.replace("range(start: start,", "range(start: strat,", 1), "undefined identifier strat"),
         (
             lambda s: s.replace("aggregateWindow(every: 1m, fn: last", "aggregateWindw(every: 1m, fn: last"),
             "undefined identifier",

@@ -120,3 +120,15 @@ def test_skipped_cycles_nvml_errors_and_training_steps_are_judged_from_the_recor
         c.name: c for c in gpu_check.analyse(rec(cpu_steps), 1, {}, {}, {"cycles_skipped": 0}, 0.5, {"run_id": "r1"})
     }
     assert got["training_step"].status == "fail" and got["skipped_cycles"].status == "pass"
+
+
+def test_the_pcie_unit_is_measured_against_the_byte_counter(monkeypatch, clean_env):
+    """The arithmetic and the call path, on the stand-in (which models KiB: the unit itself needs a GPU)."""
+    FakeNvml.install(monkeypatch, gpus=[busy(h100(0))])
+    monkeypatch.setattr(
+        gpu_check, "COPY", "import sys, time; print('ready', flush=True); time.sleep(float(sys.argv[1]))"
+    )
+    got = gpu_check.pcie_unit(clean_env, seconds=0.5)
+    assert got["verdict"] == "KB = 1024 bytes" and got["counter_rx_bytes_per_s"] == pytest.approx(1.0e9, rel=0.01)
+    FakeNvml.install(monkeypatch, gpus=[busy(h100(0, pcie_counters=False))])
+    assert "no PCIe byte counters" in gpu_check.pcie_unit(clean_env, seconds=0.5)["skipped"]

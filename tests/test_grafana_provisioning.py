@@ -24,7 +24,7 @@ def _load(repo_root: Path, rel: str) -> dict[str, Any]:
     return yaml.safe_load((repo_root / PROVISIONING / rel).read_text())
 
 
-def test_the_datasource_is_influxql_on_the_gpulse_database_with_a_token_header_read_from_a_secret(
+def test_the_datasource_is_influxql_on_the_buckets_database_with_a_token_header_read_from_a_secret(
     repo_root: Path,
 ) -> None:
     doc = _load(repo_root, "datasources/influxdb.yaml")
@@ -33,7 +33,7 @@ def test_the_datasource_is_influxql_on_the_gpulse_database_with_a_token_header_r
     assert ds["uid"] == DATASOURCE_UID and ds["type"] == "influxdb" and ds["access"] == "proxy"
     assert ds["url"].startswith("http://influxdb:8086")
     j = ds["jsonData"]
-    assert j["version"] == "InfluxQL" and j["dbName"] == "gpulse" and j["httpMode"] == "POST"
+    assert j["version"] == "InfluxQL" and j["dbName"] == "$GPULSE_BUCKET" and j["httpMode"] == "POST"
     assert j["httpHeaderName1"] == "Authorization" and j["timeInterval"] == "1s"
     assert ds["secureJsonData"]["httpHeaderValue1"] == f"Token $__file{{{TOKEN_SECRET}}}"
     assert "database" not in ds and "password" not in ds and "token" not in str(ds.get("jsonData"))
@@ -75,6 +75,25 @@ def test_the_compose_file_mounts_provisioning_dashboards_and_the_token_secret_wh
     home = env.get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH", "")
     assert home.startswith(DASHBOARDS_MOUNT + "/")
     assert (repo_root / DASHBOARDS_DIR / home.removeprefix(DASHBOARDS_MOUNT + "/")).exists()
+
+
+def test_setup_the_datasource_and_the_agent_agree_on_the_database_name(repo_root: Path) -> None:
+    """One rule: the InfluxQL database is the raw bucket's name. `gpulse setup` maps DBRP database
+    <bucket> (influx/setup/v2.py ensure_dbrps uses conn.bucket; v1 creates that database), Grafana
+    gets the same GPULSE_BUCKET with the same default, and dashboards never name the database."""
+    import re
+
+    compose = yaml.safe_load((repo_root / "docker-compose.yml").read_text())
+    services = compose["services"]
+    buckets = {
+        name: next(a.split("=", 1)[1] for a in services[name]["command"] if a.startswith("--bucket="))
+        for name in ("setup", "agent")
+    }
+    assert set(buckets.values()) == {"${GPULSE_BUCKET:-gpulse}"}, buckets
+    assert services["grafana"]["environment"]["GPULSE_BUCKET"] == "${GPULSE_BUCKET:-gpulse}"
+    assert re.search(r"^GPULSE_BUCKET=\w+$", (repo_root / ".env.example").read_text(), re.M)
+    for path in (repo_root / DASHBOARDS_DIR).rglob("*.json"):
+        assert not re.search(r'FROM\s+\\"[^"\\]+\\"\.\\"[^"\\]+\\"\.\\"', path.read_text()), path
 
 
 def test_the_alert_rules_file_is_in_the_alerting_provisioning_directory(repo_root: Path) -> None:

@@ -3,46 +3,16 @@
 // @influxdata/flux-lsp-browser (pinned in package.json; `npm ci --prefix tests/flux` installs it).
 // Prints one JSON line per file: {file, ok, syntax_ok, semantic_ok, errors: [{line, column, message}]}.
 // Exits 1 when any file is invalid, 2 on a usage or installation problem.
-//
-// The package is built for bundlers (it imports its .wasm as an ES module), which Node cannot do, so
-// the glue module is loaded from memory with that import replaced by a setter, and the .wasm is
-// instantiated by hand. Error messages come from the package's language server (publishDiagnostics).
+// Error messages come from the package's language server (publishDiagnostics); load.mjs loads it.
 import { readFileSync } from "node:fs";
-import { createRequire } from "node:module";
 import { resolve } from "node:path";
+import { flux as bg } from "./load.mjs";
 
 const files = process.argv.slice(2);
 if (files.length === 0) {
   console.error("usage: node tests/flux/check.mjs FILE.flux [...]");
   process.exit(2);
 }
-
-let pkgDir;
-try {
-  pkgDir = createRequire(import.meta.url).resolve("@influxdata/flux-lsp-browser/package.json").replace(/package\.json$/, "");
-} catch {
-  console.error("@influxdata/flux-lsp-browser is not installed: run `npm ci --prefix tests/flux`");
-  process.exit(2);
-}
-
-const glue = readFileSync(pkgDir + "flux-lsp-browser_bg.js", "utf8");
-const patched = glue
-  .replace(
-    "import * as wasm from './flux-lsp-browser_bg.wasm';",
-    "let wasm; export function __setWasm(w) { wasm = w; cachedInt32Memory0 = new Int32Array(wasm.memory.buffer); " +
-      "cachedUint8Memory0 = new Uint8Array(wasm.memory.buffer); }",
-  )
-  .replace(/^cachedInt32Memory0 = new Int32Array\(wasm\.memory\.buffer\);$/m, "")
-  .replace(/^cachedUint8Memory0 = new Uint8Array\(wasm\.memory\.buffer\);$/m, "");
-if (patched === glue || !patched.includes("__setWasm")) {
-  console.error("unexpected @influxdata/flux-lsp-browser layout: is the version the one package.json pins?");
-  process.exit(2);
-}
-const bg = await import("data:text/javascript;base64," + Buffer.from(patched).toString("base64"));
-const { instance } = await WebAssembly.instantiate(readFileSync(pkgDir + "flux-lsp-browser_bg.wasm"), {
-  "./flux-lsp-browser_bg.js": bg,
-});
-bg.__setWasm(instance.exports);
 
 // The server logs through console.*: keep stdout for results only.
 const print = (line) => process.stdout.write(line + "\n");

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.grafana_queries import panel_rows
+from grafana_ts import backend_frames, ensure_installed, grafana, misreads
+from support.grafana_queries import data_rows, panel_queries, panel_rows, resolve_variables
 
 from gpulse import schema
 from gpulse.dashboards import alerts, dashboards
@@ -146,34 +147,39 @@ def _train(run: Any, uuid: str, ready: threading.Event, done: list[int]) -> None
     done.append(rank)  # an exception instead is printed by threading's excepthook
 
 
-def _setup(url: str, repo: Path) -> str:
-    """``gpulse setup --api v1`` when the command exists; else the setup module it will call."""
-    if (repo / "agent/src/gpulse/commands/setup.py").exists():
-        from support.fixtures import gpulse_cmd
+def _setup(url: str, bucket: str = "gpulse", raw_retention: str = "30d") -> str:
+    """The real ``gpulse setup --api v1`` (database, retention policies, continuous queries)."""
+    from support.fixtures import gpulse_cmd
 
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
-        res = subprocess.run(
-            gpulse_cmd("setup", "--api", "v1", "--url", url, "--bucket", "gpulse"),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert res.returncode == 0, res.stderr + res.stdout
-        return "gpulse setup --api v1"
-    from gpulse.influx.setup.v1 import setup_v1
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    args = ("setup", "--api", "v1", "--url", url, "--bucket", bucket, "--raw-retention", raw_retention)
+    res = subprocess.run(gpulse_cmd(*args), env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr + res.stdout
+    return "gpulse " + " ".join(a for a in args if a != url)
 
-    setup_v1(Connection(url=url, api="v1", bucket="gpulse"))
-    return "gpulse.influx.setup.v1.setup_v1"
+
+class OnDatabase:
+    """The test server seen through another database: what Grafana's datasource does with ``dbName``."""
+
+    def __init__(self, influx: Any, db: str) -> None:
+        self.influx, self.db = influx, db
+
+    def query(self, q: str, db: str | None = None, **kw: Any) -> dict[str, Any]:
+        return self.influx.query(q, db=self.db, **kw)
+
+    def rows(self, q: str, db: str | None = None, **kw: Any) -> list[dict[str, Any]]:
+        return self.influx.rows(q, db=self.db, **kw)
 
 
 def _write_alert_situations(influx: Any, now: int) -> None:
     """Situations a 13-second simulation cannot show, on hosts of their own: an idle GPU holding memory
-    for 15 minutes, an agent silent for 5 minutes, and an agent whose spool grew for 10 minutes."""
+    for 15 minutes, a GPU with uncorrected ECC errors, an agent silent for 5 minutes, and an agent
+    whose spool grew for 10 minutes."""
     enc = Encoder()
     gpu = enc.series("gpu", {"host": "idle-node", "gpu": "0", "uuid": "GPU-idle", "model": "NVIDIA H100"})
     lines = [enc.line(gpu, {"util_gpu_pct": 2.0, "mem_used_bytes": 20 << 30}, now - s * NS) for s in range(0, 1200, 30)]
+    ecc = enc.series("gpu", {"host": "ecc-node", "gpu": "3", "uuid": "GPU-ecc", "model": "NVIDIA H100"})
+    lines += [enc.line(ecc, {"ecc_uncorrected_volatile": 2, "temp_gpu_c": 60.0}, now - s * NS) for s in (600, 60)]
     silent = enc.series("agent", {"host": "silent-node"})
     lines += [enc.line(silent, {"uptime_s": 1800.0 - s, "spool_bytes": 0}, now - s * NS) for s in range(300, 1800, 10)]
     spooling = enc.series("agent", {"host": "spooling-node"})
@@ -186,6 +192,7 @@ def _write_alert_situations(influx: Any, now: int) -> None:
 
 @pytest.fixture(scope="module")
 def filled(influxdb_module: Any, repo_root: Path) -> Iterator[dict[str, Any]]:
+    from gpulse.agent import loop
     from gpulse.agent.config import load_config
     from gpulse.agent.loop import Agent
     from gpulse.cli.commands import agent as agent_cmd
@@ -193,7 +200,7 @@ def filled(influxdb_module: Any, repo_root: Path) -> Iterator[dict[str, Any]]:
     from gpulse.sources.simulated import SimulatedSource
 
     url = influxdb_module.url
-    how_setup = _setup(url, repo_root)
+    how_setup = _setup(url)
     work = Path(tempfile.mkdtemp(prefix="gpd"))
     sock = str(work / "agent.sock")
     parser = argparse.ArgumentParser()
@@ -209,6 +216,7 @@ def filled(influxdb_module: Any, repo_root: Path) -> Iterator[dict[str, Any]]:
     source.inject_event(1, time.time_ns() + 2 * NS, "xid", 79, "GPU has fallen off the bus")
     uuids = [source._uuid(i) for i in range(2)]
     agent = Agent(cfg, source=source, stream=io.StringIO(), tty=False)
+    saved_every, loop.GPU_INFO_EVERY_S = loop.GPU_INFO_EVERY_S, 3  # the hourly gpu_info repeat, sped up
 
     ready, done = threading.Event(), []
     runs = [_make_run(r, sock, work) for r in range(2)]
@@ -225,7 +233,10 @@ def filled(influxdb_module: Any, repo_root: Path) -> Iterator[dict[str, Any]]:
 
     threading.Thread(target=when_socket_exists, daemon=True).start()
     start = time.time_ns()
-    assert agent.run() == 0
+    try:
+        assert agent.run() == 0
+    finally:
+        loop.GPU_INFO_EVERY_S = saved_every
     for t in ranks:
         t.join(30)
     assert sorted(done) == [0, 1], "a training rank failed (its traceback is above)"
@@ -278,6 +289,152 @@ def test_the_run_appears_on_its_gpus_and_both_ranks_report(filled: dict[str, Any
     assert {r["gpu"] for r in tagged} == {"0", "1"}
     ranks = influx.rows(f'SELECT count("step_time_s") FROM "train_step" WHERE "run" = \'{RUN_ID}\' GROUP BY "rank"')
     assert {r["rank"] for r in ranks} == {"0", "1"} and all(r["count"] > 10 for r in ranks)
+
+
+def _copy_into(influx: Any, db: str) -> None:
+    """Every raw point of the filled database into ``db`` (made by ``gpulse setup``), then downsampled."""
+    from gpulse.influx.setup.v1 import downsample_now
+
+    influx.query(f'SELECT * INTO "{db}"."raw".:MEASUREMENT FROM "gpulse"."raw"./.*/ GROUP BY *', db="gpulse")
+    end = time.time_ns()
+    downsample_now(Connection(url=influx.url, api="v1", bucket=db), end - 30 * 60 * NS, end + NS)
+
+
+@pytest.mark.parametrize("dashboard", dashboards(), ids=lambda d: d.slug)
+def test_with_another_bucket_name_every_panel_still_returns_data(filled: dict[str, Any], dashboard: Any) -> None:
+    """The one rule for the database name: it is the bucket's. Setup maps whatever bucket it is given,
+    the datasource's dbName follows it, and no query names the database."""
+    influx = filled["influx"]
+    if "lab" not in filled:
+        _setup(influx.url, "gpulse_lab")
+        _copy_into(influx, "gpulse_lab")
+        filled["lab"] = OnDatabase(influx, "gpulse_lab")
+    dash = dashboard.to_json()
+    time_from = dash["time"]["from"] if dashboard.slug == "history" else RECENT
+    counts = panel_rows(filled["lab"], dash, time_from, {"host": HOST, "run": RUN_ID})
+    assert [t for t, n in counts.items() if n == 0] == []
+
+
+def _gpu_info_rows(db: Any, dash: dict[str, Any]) -> dict[str, int]:
+    """Rows of every target that reads gpu_info, by panel title."""
+    variables = resolve_variables(db, dash, RECENT, {"host": HOST})
+    return {
+        p["title"]: data_rows(db, q) for p, t, q in panel_queries(dash, variables, RECENT) if '"gpu_info"' in t["query"]
+    }
+
+
+def test_gpu_info_panels_keep_their_rows_after_the_raw_retention_dropped_the_agent_start(
+    filled: dict[str, Any],
+) -> None:
+    """A short raw retention (1h, the shortest setup allows) on a copy; the retention passing the
+    agent's start is simulated by deleting what it would drop: every gpu_info point of the start.
+    The agent repeats gpu_info (every GPU_INFO_EVERY_S; 3 s in this run), so the panels keep rows.
+    Deleting the repeats too (the agent before this change) empties them: the test can fail."""
+    influx = filled["influx"]
+    _setup(influx.url, "gpulse_expired", raw_retention="1h")
+    _copy_into(influx, "gpulse_expired")
+    db = OnDatabase(influx, "gpulse_expired")
+    node_dash = next(d for d in dashboards() if d.uid == "gpulse-node").to_json()
+    times = sorted({r["time"] for r in db.rows(f'SELECT "name" FROM "gpu_info" WHERE "host" = \'{HOST}\'')})
+    assert len(times) >= 3, f"the agent wrote gpu_info {len(times)} time(s) in {AGENT_SECONDS} s, not every 3 s"
+    influx.query(f'DELETE FROM "gpu_info" WHERE time <= {times[0]}', db="gpulse_expired")
+    rows = _gpu_info_rows(db, node_dash)
+    assert set(rows) == {"GPU inventory", "PCIe link now vs maximum"}
+    assert {t: n for t, n in rows.items() if n == 0} == {}
+    influx.query(f'DELETE FROM "gpu_info" WHERE time <= {times[-1]}', db="gpulse_expired")
+    assert _gpu_info_rows(db, node_dash) == dict.fromkeys(rows, 0)
+
+
+def test_the_training_dashboard_opens_on_the_latest_run_not_the_alphabetically_first(filled: dict[str, Any]) -> None:
+    influx = filled["influx"]
+    earlier = filled["start"] - 600 * NS
+    influx.write(
+        f'train_run,host={HOST},run=aaa-earlier-run,rank=0,local_rank=0,world_size=1 event="start",status="running" {earlier}'
+    )
+    dash = next(d for d in dashboards() if d.uid == "gpulse-training-run").to_json()
+    variables = resolve_variables(influx, dash, "now-3h", {})
+    assert variables["run"].values == (RUN_ID,)
+    alphabetical = json.loads(json.dumps(dash))
+    alphabetical["templating"]["list"] = alphabetical["templating"]["list"][:1]
+    alphabetical["templating"]["list"][0]["sort"] = 1  # the old behaviour: Grafana sorts, the first wins
+    assert resolve_variables(influx, alphabetical, "now-3h", {})["run"].values == ("aaa-earlier-run",)
+
+
+def test_a_silent_agent_stays_listed_in_red_whatever_the_time_range(filled: dict[str, Any]) -> None:
+    from gpulse.dashboards import agent_health
+
+    influx = filled["influx"]
+    now = time.time_ns()
+    influx.write("".join(f"agent,host=live-node uptime_s={600 - s}.0 {now - s * NS}\n" for s in (40, 30, 20, 10)))
+    dash = agent_health.build().to_json()
+    (agents,) = [p for p in dash["panels"] if p["title"] == "Agents"]
+    (silent,) = [p for p in dash["panels"] if p["title"] == "Silent agents"]
+    variables = resolve_variables(influx, dash, "now-5m", {})  # a range that holds nothing of silent-node
+    queries = {t["refId"]: q for p, t, q in panel_queries(dash, variables, "now-5m") if p is agents}
+    recent = {r["host"]: r[agent_health.RECENT] for r in influx.rows(queries["B"])}
+    assert recent["silent-node"] == 0 and recent["live-node"] >= 3
+    last = {r["host"] for r in influx.rows(queries["A"])}
+    assert {"silent-node", "live-node"} <= last
+    ((_, _, count_q),) = [x for x in panel_queries(dash, variables, "now-5m") if x[0] is silent]
+    (row,) = influx.rows(count_q)
+    assert row["count_sum"] >= 1
+    (column,) = [c for c in agent_health.build().panels()[1].columns if c.name == agent_health.RECENT]
+    assert column.thresholds is not None and column.thresholds.base == "red" and column.thresholds.steps[0][0] == 1
+
+
+def _render(influx: Any, dash: dict[str, Any], time_from: str, picks: dict[str, str]) -> list[dict[str, Any]]:
+    variables = resolve_variables(influx, dash, time_from, picks)
+    frames: dict[int, list[dict[str, Any]]] = {}
+    panels = {p["id"]: p for p in dash["panels"]}
+    for p, t, q in panel_queries(dash, variables, time_from):
+        frames.setdefault(p["id"], []).extend(backend_frames(influx.query(q, db="gpulse", epoch="ms"), t))
+    return grafana("render", [{"panel": panels[i], "frames": f} for i, f in frames.items()])
+
+
+@pytest.mark.parametrize("built", dashboards(), ids=lambda d: d.slug)
+def test_grafana_shows_every_panel_column_of_real_data_in_its_unit(filled: dict[str, Any], built: Any) -> None:
+    """Frames built as Grafana's InfluxQL backend builds them, put through each panel's
+    transformations by Grafana's own transformers; each field's unit resolved from the panel's
+    defaults and overrides with Grafana's field matchers; a real value of each formatted by Grafana's
+    formatter must read back as the quantity the column holds, and every column an override names exists."""
+    try:
+        ensure_installed()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    dash = built.to_json()
+    time_from = dash["time"]["from"] if built.slug == "history" else RECENT
+    rendered = {
+        r["title"]: r["fields"] for r in _render(filled["influx"], dash, time_from, {"host": HOST, "run": RUN_ID})
+    }
+    problems: list[str] = []
+    shown: list[str] = []
+    checked = 0
+    for panel, p in zip(
+        [p for p in dash["panels"] if p.get("targets")], [p for p in built.panels() if p.queries], strict=True
+    ):
+        fields = rendered.get(panel["title"], [])
+        names = {f["name"] for f in fields}
+        for o in panel["fieldConfig"]["overrides"]:
+            if o["matcher"]["id"] == "byName" and fields and o["matcher"]["options"] not in names:
+                problems.append(f"{p.title}: override for {o['matcher']['options']!r}, columns are {sorted(names)}")
+        by_column = {c.name: c.unit for c in p.columns}
+        by_ref = {chr(ord("A") + i): q.unit for i, q in enumerate(p.queries)}
+        for f in fields:
+            unit = by_column.get(f["name"]) or (by_ref.get(f["refId"]) if p.type != "table" else None)
+            if f["type"] not in ("number", "time") or f["text"] is None or unit is None:
+                if f["type"] == "number" and f["value"] is not None and unit is None and p.type == "table":
+                    problems.append(f"{p.title}: numeric column {f['name']!r} has no unit")
+                continue
+            checked += 1
+            if f["unit"] != unit.id:
+                problems.append(f"{p.title} / {f['name']}: Grafana resolves unit {f['unit']!r}, not {unit.id!r}")
+            elif why := misreads(unit.quantity, f["value"], f["text"]):
+                problems.append(f"{p.title} / {f['name']}: {why}")
+            else:
+                shown.append(f"{p.title} / {f['name']}: {f['value']!r} -> {f['text']}")
+    print(f"\n{built.title}: {checked} columns formatted by Grafana\n  " + "\n  ".join(dict.fromkeys(shown)))
+    assert problems == []
+    assert checked >= (5 if built.uid != alerts.RUNBOOK_UID else 0)
 
 
 # -- alert rules -------------------------------------------------------------------------------------
@@ -339,7 +496,9 @@ def _firing(decisions: dict[Labels, bool]) -> set[tuple[str, ...]]:
 EXPECTED_FIRING = {
     "gpulse-gpu-idle-memory": {("0", "idle-node")},
     "gpulse-gpu-throttled": {("1", HOST)},
+    "gpulse-gpu-hot": {("1", HOST)},  # the thermally throttled GPU runs at ~88 °C
     "gpulse-gpu-xid": {("1", HOST)},
+    "gpulse-gpu-ecc-uncorrected": {("3", "ecc-node")},
     "gpulse-agent-silent": {("silent-node",)},
     "gpulse-agent-spool-growing": {("spooling-node",)},
 }

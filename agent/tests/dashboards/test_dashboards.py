@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +13,23 @@ import yaml
 from support.fixtures import REPO
 
 from gpulse import schema
-from gpulse.dashboards import DASHBOARDS_DIR, check, dashboards, rendered
-from gpulse.dashboards.builder import DATASOURCE_UID
+from gpulse.dashboards import DASHBOARDS_DIR, alerts, check, dashboards, node, rendered, training
+from gpulse.dashboards.builder import DATASOURCE_UID, Panel
 from gpulse.dashboards.influxql import (
     Variable,
     check_references,
     interpolate,
+    plain_field,
     references,
+    select_columns,
     tag_keys,
 )
+from gpulse.dashboards.units import SCHEMA_UNITS
 from gpulse.influx import downsample
 
-DASHES = [d.to_json() for d in dashboards()]
+BUILT = dashboards()
+DASHES = [d.to_json() for d in BUILT]
+BY_UID = {d["uid"]: d for d in DASHES}
 V2_KEYS = {"apiVersion", "kind", "spec", "elements", "layout", "timeSettings"}
 
 
@@ -31,12 +37,27 @@ def _targets(dash: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for p in dash["panels"] for t in p.get("targets", [])]
 
 
+def _annotations(dash: dict[str, Any]) -> list[dict[str, Any]]:
+    return [a for a in dash["annotations"]["list"] if not a.get("builtIn")]
+
+
 def _all_queries(dash: dict[str, Any]) -> list[str]:
     return (
         [t["query"] for t in _targets(dash)]
         + [v["query"] for v in dash["templating"]["list"]]
-        + [a["query"] for a in dash["annotations"]["list"] if "query" in a]
+        + [a["target"]["query"] for a in _annotations(dash)]
     )
+
+
+def _links(dash: dict[str, Any]) -> list[str]:
+    """Every data-link URL of every panel: field defaults and overrides."""
+    out = []
+    for p in dash["panels"]:
+        fc = p.get("fieldConfig", {})
+        out += [link["url"] for link in fc.get("defaults", {}).get("links", [])]
+        for o in fc.get("overrides", []):
+            out += [link["url"] for prop in o["properties"] if prop["id"] == "links" for link in prop["value"]]
+    return out
 
 
 def test_checked_in_files_equal_the_generator_output(repo_root: Path) -> None:
@@ -50,8 +71,8 @@ def test_a_stale_checked_in_dashboard_is_detected(tmp_path: Path) -> None:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     assert check(tmp_path) == []
-    node = tmp_path / DASHBOARDS_DIR / "GPUs" / "node.json"
-    node.write_text(node.read_text().replace("util_gpu_pct", "util_gpu"))
+    node_json = tmp_path / DASHBOARDS_DIR / "GPUs" / "node.json"
+    node_json.write_text(node_json.read_text().replace("util_gpu_pct", "util_gpu"))
     assert check(tmp_path) == [f"{DASHBOARDS_DIR}/GPUs/node.json"]
 
 
@@ -69,22 +90,35 @@ def test_dashboard_uids_and_titles_are_unique_and_stable() -> None:
     titles = [d["title"] for d in DASHES]
     assert len(set(uids)) == len(uids) and len(set(titles)) == len(titles)
     assert all(re.fullmatch(r"[a-z0-9-]{1,40}", u) for u in uids)
-    assert {"gpulse-node", "gpulse-training-run", "gpulse-history", "gpulse-agent-health"} == set(uids)
+    assert {"gpulse-node", "gpulse-training-run", "gpulse-history", "gpulse-agent-health", "gpulse-runbook"} == set(
+        uids
+    )
 
 
 @pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
-def test_panels_have_unique_ids_and_titles_and_do_not_overlap(dash: dict[str, Any]) -> None:
+def test_panels_have_unique_ids_titles_and_a_description_and_do_not_overlap(dash: dict[str, Any]) -> None:
     ids = [p["id"] for p in dash["panels"]]
     assert len(set(ids)) == len(ids)
     titles = [p["title"] for p in dash["panels"] if p["type"] != "row"]
     assert len(set(titles)) == len(titles)
-    cells: set[tuple[int, int]] = set()
+    cells: dict[tuple[int, int], str] = {}
     for p in dash["panels"]:
+        if p["type"] != "row":
+            assert len(p.get("description", "")) >= 20, f"{p['title']} has no description"
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
-        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
-        assert not mine & cells, f"{p['title']} overlaps another panel"
-        cells |= mine
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        for cell in ((x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])):
+            assert cell not in cells, f"{p['title']} overlaps {cells[cell]}"
+            cells[cell] = p["title"]
+
+
+def test_the_overlap_check_catches_an_overlap() -> None:
+    """The public DCGM board 12239 has one (Tensor Core Utilization over GPU Utilization); ours must not."""
+    dash = json.loads(json.dumps(BY_UID["gpulse-agent-health"]))
+    a, b = [p for p in dash["panels"] if p["type"] == "timeseries"][:2]
+    b["gridPos"] = dict(a["gridPos"])
+    with pytest.raises(AssertionError, match="overlaps"):
+        test_panels_have_unique_ids_titles_and_a_description_and_do_not_overlap(dash)
 
 
 @pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
@@ -96,21 +130,39 @@ def test_every_datasource_reference_is_the_provisioned_influxql_datasource(
     assert DATASOURCE_UID in uids
     refs = [p["datasource"] for p in dash["panels"] if "datasource" in p] + [t["datasource"] for t in _targets(dash)]
     refs += [v["datasource"] for v in dash["templating"]["list"]]
-    refs += [a["datasource"] for a in dash["annotations"]["list"] if not a.get("builtIn")]
-    assert refs and all(r == {"type": "influxdb", "uid": DATASOURCE_UID} for r in refs)
+    refs += [a["datasource"] for a in _annotations(dash)]
+    assert all(r == {"type": "influxdb", "uid": DATASOURCE_UID} for r in refs)
 
 
 @pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
-def test_time_series_queries_are_raw_influxql_limited_by_the_time_filter(dash: dict[str, Any]) -> None:
+def test_queries_are_raw_influxql_limited_by_the_time_filter_or_a_stated_window(dash: dict[str, Any]) -> None:
     for t in _targets(dash):
-        assert t["rawQuery"] is True and t["query"].lstrip().upper().startswith("SELECT")
+        q = t["query"]
+        assert t["rawQuery"] is True and q.lstrip().upper().startswith("SELECT")
         if t["resultFormat"] == "time_series":
-            assert "$timeFilter" in t["query"], t["query"]
-        if "GROUP BY time(" in t["query"] and "time(1d)" not in t["query"] and "time(1h)" not in t["query"]:
-            assert "$__interval" in t["query"], t["query"]
-    for a in dash["annotations"]["list"]:
-        if "query" in a:
-            assert "$timeFilter" in a["query"]
+            assert "$timeFilter" in q or "now() - " in q, q
+        if "GROUP BY time(" in q and not re.search(r"time\((1d|1h|1m)\)", q):
+            assert "$__interval" in q, q
+
+
+@pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
+def test_annotations_use_the_current_form_with_the_query_and_its_columns_in_the_target(dash: dict[str, Any]) -> None:
+    for a in _annotations(dash):
+        assert not {"query", "textColumn", "tagsColumn", "titleColumn", "timeEndColumn", "rawQuery"} & set(a), a
+        t = a["target"]
+        assert t["rawQuery"] is True and t["fromAnnotations"] is True and t["refId"] and t["queryType"]
+        assert "$timeFilter" in t["query"]
+        assert {"textColumn", "tagsColumn", "titleColumn", "timeEndColumn"} <= set(t)
+        selected = {name for _, name in select_columns(t["query"])}
+        for column in ("textColumn", "tagsColumn", "titleColumn", "timeEndColumn"):
+            assert t[column] == "" or t[column] in selected, f"{a['name']}: {column} {t[column]!r} is not selected"
+
+
+@pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
+def test_no_query_names_the_database_so_any_bucket_name_works(dash: dict[str, Any]) -> None:
+    for q in _all_queries(dash):
+        for m in re.finditer(r'\bFROM\s+((?:"[^"]+"\.)*"[^"]+")', q, re.IGNORECASE):
+            assert m.group(1).count('"."') <= 1, f"names a database: {q}"
 
 
 @pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
@@ -123,9 +175,9 @@ def test_every_query_names_only_measurements_fields_and_tags_of_the_schema(dash:
 def test_variables_list_tags_of_their_measurement_and_every_used_variable_is_defined(dash: dict[str, Any]) -> None:
     names = [v["name"] for v in dash["templating"]["list"]]
     for v in dash["templating"]["list"]:
-        (key,) = tag_keys(v["query"])
-        ((_, measurement),) = references(v["query"]).sources
-        assert key in schema.MEASUREMENTS[measurement].all_tags
+        ((_, measurement),) = references(v["query"]).sources[:1]
+        keys = tag_keys(v["query"]) or [re.search(r'"(\w+)" AS "\w+"', v["query"]).group(1)]  # type: ignore[union-attr]
+        assert set(keys) <= set(schema.MEASUREMENTS[measurement].all_tags)
     selection = {n: Variable(("x",)) for n in names}
     for q in _all_queries(dash):
         interpolate(q, selection)  # raises KeyError on an undefined $variable
@@ -134,31 +186,171 @@ def test_variables_list_tags_of_their_measurement_and_every_used_variable_is_def
                 assert re.search(rf"=~ /\^(\${n}|\${{{n}:regex}})\$/", q), f"${n} used outside an anchored regex: {q}"
 
 
-def test_the_history_dashboard_reads_only_the_downsampled_retention_policies() -> None:
-    (history,) = [d for d in DASHES if d["uid"] == "gpulse-history"]
-    for t in _targets(history):
-        rps = {rp for rp, _ in references(t["query"]).sources}
-        assert rps and rps <= {"1m", "1h"}, t["query"]
+def test_the_history_dashboard_reads_only_the_downsampled_tiers_its_host_list_included() -> None:
+    history = BY_UID["gpulse-history"]
+    for q in [t["query"] for t in _targets(history)] + [v["query"] for v in history["templating"]["list"]]:
+        rps = {rp for rp, _ in references(q).sources}
+        assert rps and rps <= {"1m", "1h"}, q
     assert history["time"]["from"] == "now-30d"
+
+
+@pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
+def test_a_dashboard_that_groups_by_day_is_in_utc_like_influxql_days(dash: dict[str, Any]) -> None:
+    by_day = any("time(1d)" in q for q in _all_queries(dash))
+    assert dash["timezone"] == ("utc" if by_day else "browser")
+    if by_day:
+        days = [p for p in dash["panels"] if any("time(1d)" in t["query"] for t in p.get("targets", []))]
+        assert days and all("UTC day" in p["description"] for p in days), [p["title"] for p in days]
+
+
+def test_the_run_variable_lists_the_latest_run_first_and_keeps_that_order() -> None:
+    (run,) = [v for v in BY_UID["gpulse-training-run"]["templating"]["list"] if v["name"] == "run"]
+    assert run["sort"] == 0 and not run["multi"] and not run["includeAll"]
+    assert run["query"].rstrip().endswith("ORDER BY time DESC")
+    assert [name for _, name in select_columns(run["query"])] == ["r"]  # one column: Grafana reads it in row order
+
+
+def test_node_opens_on_one_host_with_every_gpu_and_keeps_per_gpu_plots_wide() -> None:
+    n = BY_UID["gpulse-node"]
+    host, gpu = n["templating"]["list"]
+    assert (host["name"], host["includeAll"], gpu["name"], gpu["includeAll"]) == ("host", False, "gpu", True)
+    per_gpu = [p for p in n["panels"] if any("$tag_gpu" in t.get("alias", "") for t in p.get("targets", []))]
+    assert per_gpu
+    for p in per_gpu:
+        if p["type"] == "timeseries":
+            legend = p["options"]["legend"]
+            assert legend["placement"] == "right" and legend["displayMode"] == "list" and legend["width"] <= 200, p[
+                "title"
+            ]
+            assert p["options"]["tooltip"]["sort"] == "desc", p["title"]
+
+
+def _dashboard_of_link(url: str) -> tuple[str, dict[str, list[str]]]:
+    parsed = urllib.parse.urlparse(url)
+    m = re.fullmatch(r"/d/([a-z0-9-]+)(?:/[\w-]+)?", parsed.path)
+    assert m, url
+    query = parsed.query.replace("${__url_time_range}", "")
+    return m.group(1), urllib.parse.parse_qs(query, keep_blank_values=True)
+
+
+@pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
+def test_every_link_resolves_to_a_dashboard_that_exists_and_its_variables(dash: dict[str, Any]) -> None:
+    for url in _links(dash):
+        uid, params = _dashboard_of_link(url)
+        assert uid in BY_UID, url
+        target_vars = {v["name"] for v in BY_UID[uid]["templating"]["list"]}
+        assert {k.removeprefix("var-") for k in params if k.startswith("var-")} <= target_vars, url
+        assert "${__url_time_range}" in url, f"{url} drops the time range"
+
+
+def test_links_follow_the_questions_a_user_asks() -> None:
+    run_gpus = [p for p in BY_UID["gpulse-training-run"]["panels"] if p["title"] == "GPU activity of the run"]
+    (url,) = _links({"panels": run_gpus})
+    assert _dashboard_of_link(url) == (
+        "gpulse-node",
+        {"var-host": ["${__field.labels.host}"], "var-gpu": ["${__field.labels.gpu}"]},
+    )
+    runs = [p for p in BY_UID["gpulse-history"]["panels"] if p["title"] == "Runs in range"]
+    (url,) = _links({"panels": runs})
+    assert _dashboard_of_link(url) == ("gpulse-training-run", {"var-run": ["${__value.raw}"]})
+    assert node.link_to_gpu().dashboard == node.UID and training.UID in BY_UID
+
+
+def test_every_alert_opens_an_existing_panel_and_runbook() -> None:
+    for r in alerts.rules():
+        ann = r["annotations"]
+        dash = BY_UID[ann["__dashboardUid__"]]
+        (panel,) = [p for p in dash["panels"] if str(p["id"]) == ann["__panelId__"]]
+        assert panel["type"] != "row"
+        uid, params = _dashboard_of_link(ann["runbook_url"])
+        assert uid == alerts.RUNBOOK_UID
+        (runbook,) = [p for p in BY_UID[uid]["panels"] if f"panel-{p['id']}" == params["viewPanel"][0]]
+        assert runbook["title"] == r["title"] and runbook["type"] == "text" and len(runbook["options"]["content"]) > 100
+
+
+def _columns_with_units(p: Panel) -> list[tuple[str, str, str, str]]:
+    """(measurement, column expression, column name, unit quantity) of every column a unit applies to."""
+    out = []
+    for q in p.queries:
+        measurement = _measurement(q.sql)
+        cols = select_columns(q.sql)
+        if q.unit is not None:
+            out += [(measurement, expr, name, q.unit.quantity) for expr, name in cols]
+        by_name = {name: expr for expr, name in cols}
+        out += [
+            (measurement, by_name[c.from_query], c.name, c.unit.quantity) for c in p.columns if c.from_query in by_name
+        ]
+    return out
+
+
+def _measurement(sql: str) -> str:
+    sources = references(sql).sources
+    return sources[0][1] if sources else ""
+
+
+def _numeric(measurement: str, expr: str) -> bool:
+    """Whether a SELECT column holds numbers: a stored field of a numeric type, or any computation."""
+    field, m = plain_field(expr), schema.MEASUREMENTS.get(measurement)
+    if field is None or m is None or field not in m.by_name:
+        return True
+    return m.by_name[field].numeric
+
+
+@pytest.mark.parametrize("built", BUILT, ids=lambda d: d.uid)
+def test_a_field_shown_as_stored_uses_a_unit_of_the_schemas_quantity(built: Any) -> None:
+    checked = 0
+    for p in built.panels():
+        for measurement, expr, name, quantity in _columns_with_units(p):
+            field = plain_field(expr)
+            m = schema.MEASUREMENTS.get(measurement)
+            if field is None or m is None:
+                continue
+            base = re.sub(r"_(max|min)$", "", field) if field not in m.by_name else field
+            if base not in m.by_name:
+                continue
+            allowed = SCHEMA_UNITS[m.by_name[base].unit]
+            assert quantity in allowed, (
+                f"{built.title} / {p.title} / {name}: {field} is {m.by_name[base].unit}, shown as {quantity}"
+            )
+            checked += 1
+    if built.uid != alerts.RUNBOOK_UID:
+        assert checked >= 3
+
+
+@pytest.mark.parametrize("built", BUILT, ids=lambda d: d.uid)
+def test_every_numeric_table_column_and_query_has_its_own_unit(built: Any) -> None:
+    for p in built.panels():
+        if p.type == "text":
+            continue
+        if p.type == "table":
+            with_units = {c.from_query for c in p.columns}
+            for q in p.queries:
+                assert q.unit is None, f"{p.title}: a table gets units per column"
+                numeric = [name for expr, name in select_columns(q.sql) if _numeric(_measurement(q.sql), expr)]
+                assert set(numeric) <= with_units, f"{p.title}: {set(numeric) - with_units} without a unit"
+        else:
+            assert all(q.unit is not None for q in p.queries), f"{p.title}: a query without a unit"
 
 
 def test_downsampled_names_the_checker_accepts_are_what_the_downsampling_writes() -> None:
     written = downsample.output_fields()
     for m in downsample.downsampled_measurements():
         for name in written[m.name]:
-            assert check_references(f'SELECT "{name}" FROM "gpulse"."1h"."{m.name}"') == []
-    assert check_references('SELECT max("clock_event_reasons_max") FROM "gpulse"."1h"."gpu"')
-    assert check_references('SELECT max("energy_mj_max") FROM "gpulse"."1h"."gpu"')  # counters keep last only
+            assert check_references(f'SELECT "{name}" FROM "1h"."{m.name}"') == []
+    assert check_references('SELECT max("clock_event_reasons_max") FROM "1h"."gpu"')
+    assert check_references('SELECT max("energy_mj_max") FROM "1h"."gpu"')  # counters keep last only
 
 
-def test_the_reference_checker_reports_misspelled_names_and_missing_downsampled_data() -> None:
+def test_the_reference_checker_reports_misspelled_names_missing_downsampled_data_and_database_names() -> None:
     assert check_references('SELECT mean("util_gpu") FROM "gpu" WHERE $timeFilter')
     assert check_references('SELECT mean("util_gpu_pct") FROM "gpus" WHERE $timeFilter')
-    assert check_references('SELECT last("name") FROM "gpulse"."1h"."gpu_info"')
+    assert check_references('SELECT last("name") FROM "1h"."gpu_info"')
     assert check_references('SELECT mean("util_gpu_pct") FROM "gpu" WHERE "hostname" =~ /^$host$/')
-    assert check_references('SELECT mean("log_loss") FROM "gpulse"."1h"."train_step"')  # open fields stay raw
+    assert check_references('SELECT mean("log_loss") FROM "1h"."train_step"')  # open fields stay raw
     assert check_references('SELECT mean("log_loss") FROM "train_step" WHERE "run" =~ /^x$/') == []
     assert check_references('SELECT mean("v") AS "w" FROM (SELECT mean("step_time_s") AS "v" FROM "train_step")') == []
+    with pytest.raises(ValueError, match="names the database"):
+        check_references('SELECT mean("util_gpu_pct") FROM "gpulse"."1h"."gpu"')
 
 
 def test_interpolation_formats_variables_like_grafana() -> None:
@@ -170,6 +362,7 @@ def test_interpolation_formats_variables_like_grafana() -> None:
         "AND time >= now() - 6h and time <= now() GROUP BY time(10s)"
     )
     assert interpolate("$run", {"run": one}) == "run/1"
+    assert interpolate("time <= ${__to}ms", {}, from_ms=1, to_ms=2) == "time <= 2ms"
     with pytest.raises(KeyError):
         interpolate("$nope", {})
 
@@ -180,5 +373,7 @@ def test_the_home_dashboard_and_docs_exist(repo_root: Path) -> None:
     for d in DASHES:
         assert f"## {d['title']}" in docs
         for p in d["panels"]:
-            if p["type"] != "row":
+            if p["type"] not in ("row", "text"):
                 assert f"**{p['title']}**" in docs
+    for r in alerts.catalogue():
+        assert f"### Runbook: {r.title}" in docs and r.runbook in docs

@@ -7,18 +7,24 @@ import subprocess
 import sys
 
 import pytest
+from support import flux_parser
 from support.fixtures import REPO
 
 from gpulse import schema
 from gpulse.influx import downsample
 from gpulse.influx.downsample import (
     TIERS,
+    align,
     continuous_queries,
+    flux_query,
     flux_task,
     generated_files,
     influxql_select,
+    lookback_ns,
     output_fields,
     parse_duration,
+    pipelines,
+    window_ns,
 )
 
 
@@ -93,19 +99,54 @@ def test_the_hourly_tier_reads_the_minute_tier_and_reaggregates_its_extremes():
     assert 'from(bucket: "gpulse_1m")' in flux and 'to(bucket: "gpulse_1h")' in flux
 
 
-def test_tasks_catch_up_after_downtime_from_whole_windows_and_keep_tags():
+def test_every_task_run_reaggregates_the_same_lookback_as_the_continuous_query():
+    """Read through the Flux parser's AST: the span each run rewrites, where it ends, how it is windowed."""
     for tier in TIERS:
-        flux = flux_task(tier)
-        assert f"date.truncate(t: tasks.lastSuccess(orTime: -task.every), unit: {tier.window})" in flux
-        assert f'option task = {{name: "gpulse_{tier.source}_to_{tier.name}", every: {tier.task_every}' in flux
-        assert "createEmpty: false" in flux and 'timeSrc: "_start"' in flux
-        assert "drop(" not in flux and "group(" not in flux  # every tag stays in the group key
+        tree = flux_parser.parse(flux_task(tier))
+        assert flux_parser.syntax_errors(tree) == []
+        (task,) = flux_parser.options(tree, "task")
+        opts = {k: flux_parser.source(v) for k, v in flux_parser.properties(task).items()}
+        assert opts == {"name": f'"gpulse_{tier.source}_to_{tier.name}"', "every": tier.every, "offset": tier.offset}
+        bounds = {k: flux_parser.source(v) for k, v in flux_parser.assignments(tree).items()}
+        assert bounds["stop"] == f"date.truncate(t: now(), unit: {tier.window})"  # now() = the scheduled time
+        assert bounds["start"] == f"date.sub(d: {tier.lookback}, from: stop)"
+        ranges = [{k: flux_parser.source(v) for k, v in c.items()} for c in flux_parser.calls(tree, "range")]
+        assert ranges == [{"start": "start", "stop": "stop"}] * len(pipelines(tier))
+        windows = flux_parser.calls(tree, "aggregateWindow")
+        assert {flux_parser.source(w["every"]) for w in windows} == {tier.window}
+        assert all(flux_parser.source(w["createEmpty"]) == "false" for w in windows)
+        assert all(flux_parser.source(w["timeSrc"]) == '"_start"' for w in windows)
+        assert "lastSuccess" not in flux_task(tier)  # 2.9 never injects it (flag injectLatestSuccessTime is off)
+        assert "drop(" not in flux_task(tier) and "group(" not in flux_task(tier)  # every tag stays in the group key
         cq = continuous_queries()[f"gpulse_{tier.name}_gpu"]
-        assert (
-            f"RESAMPLE EVERY {tier.cq_every} FOR {tier.cq_for}" in cq
-            and "GROUP BY time(" in cq
-            and ", * fill(none)" in cq
-        )
+        assert f"RESAMPLE EVERY {tier.every} FOR {tier.lookback}" in cq
+        assert f"GROUP BY time({tier.window}), * fill(none)" in cq
+
+
+@pytest.mark.parametrize(
+    ("minute", "hour", "why"),
+    [
+        (("1m", "5m", "90s"), ("1h", "5m", "8h"), "whole 1m windows"),
+        (("1m", "10m", "5m"), ("1h", "5m", "8h"), ">= 10m"),
+        (("1m", "10m", "6h"), ("1h", "5m", "7h"), "ends before tier 1m has finished rewriting it"),
+    ],
+    ids=["part-window", "shorter-than-every", "hour-tier-reads-unfinished-minutes"],
+)
+def test_the_plan_refuses_a_lookback_that_skips_windows_or_reads_unfinished_ones(monkeypatch, minute, hour, why):
+    (w1, e1, l1), (w2, e2, l2) = minute, hour
+    tiers = (
+        downsample.Tier("1m", w1, "raw", "400d", every=e1, offset="1m", lookback=l1),
+        downsample.Tier("1h", w2, "1m", "INF", every=e2, offset="5m", lookback=l2),
+    )
+    monkeypatch.setattr(downsample, "TIERS", tiers)
+    monkeypatch.setattr(downsample, "TIER_BY_NAME", {t.name: t for t in tiers})
+    with pytest.raises(ValueError, match=why):
+        flux_task(tiers[0])
+
+
+def test_the_hourly_tier_rewrites_an_hour_last_after_the_minute_tier_has_finished_it():
+    minute, hour = TIERS
+    assert lookback_ns(hour) >= lookback_ns(minute) + window_ns(hour) + parse_duration(minute.every)
 
 
 def test_a_continuous_query_runs_the_same_select_as_a_one_off_backfill():
@@ -116,10 +157,14 @@ def test_a_continuous_query_runs_the_same_select_as_a_one_off_backfill():
         assert re.sub(r" WHERE time >= \d+ AND time < \d+", "", ranged) == body
 
 
-def test_a_backfill_range_is_widened_to_whole_windows():
-    minute = 60 * 10**9
+def test_a_backfill_range_is_widened_to_whole_windows_in_both_generations():
+    minute, hour = 60 * 10**9, 3600 * 10**9
     q = influxql_select(TIERS[0], "gpu", "gpulse", 10 * minute + 5, 12 * minute + 1)
     assert f"WHERE time >= {10 * minute} AND time < {13 * minute}" in q
+    assert align(TIERS[1], hour + 1, 2 * hour) == (hour, 2 * hour)
+    bounds = flux_parser.assignments(flux_parser.parse(flux_query(TIERS[1], "gpulse", hour + 1, 2 * hour + 1)))
+    assert flux_parser.source(bounds["start"]) == f"time(v: {hour})"
+    assert flux_parser.source(bounds["stop"]) == f"time(v: {3 * hour})"
 
 
 def test_checked_in_files_equal_the_generator_output():

@@ -14,7 +14,8 @@ from support.fixtures import REPO, gpulse_cmd
 from support.influxd import InfluxDB1
 
 from gpulse.influx.connection import Connection
-from gpulse.influx.downsample import TIERS, continuous_queries, output_fields
+from gpulse.influx.downsample import TIERS, continuous_queries, output_fields, parse_duration
+from gpulse.influx.setup.common import shard_group_seconds
 from gpulse.influx.setup.v1 import downsample_now, setup_v1
 from gpulse.lineprotocol.encode import Encoder
 
@@ -85,8 +86,38 @@ def test_a_changed_retention_is_altered_and_a_changed_continuous_query_replaced(
         "updated retention policy gpulse.raw (7d, default)",
     ]
     rows = {r["name"]: r["query"] for r in server.rows("SHOW CONTINUOUS QUERIES")}
-    assert "RESAMPLE EVERY 1h FOR 3h" in rows["gpulse_1h_agent"] and "gpulse_1m_retired" not in rows
+    assert "RESAMPLE EVERY 1h FOR 8h" in rows["gpulse_1h_agent"] and "gpulse_1m_retired" not in rows
     assert setup_v1(conn, raw_retention="7d").changed() == []
+
+
+def test_a_retention_shortened_below_its_shard_duration_gets_a_new_shard_duration(server):
+    """1.x refuses ``ALTER ... DURATION 12h`` on a 30 d policy (1 d shards); setup sends SHARD DURATION too."""
+    conn = Connection(url=server.url, api="v1", bucket="gpulse")
+    setup_v1(conn)
+    with pytest.raises(RuntimeError, match="retention policy duration must be greater than the shard duration"):
+        server.query('ALTER RETENTION POLICY "raw" ON "gpulse" DURATION 12h')  # what setup sent before
+
+    report = setup_v1(conn, raw_retention="12h", minute_retention="3d")
+    assert sorted(report.changed()) == [
+        "updated retention policy gpulse.1m (3d)",
+        "updated retention policy gpulse.raw (12h, default)",
+    ]
+    rps = {
+        r["name"]: (r["duration"], r["shardGroupDuration"]) for r in server.rows('SHOW RETENTION POLICIES ON "gpulse"')
+    }
+    assert rps["raw"] == ("12h0m0s", "1h0m0s") and rps["1m"] == ("72h0m0s", "24h0m0s")
+    assert rps["1h"] == ("0s", "168h0m0s")  # untouched
+    assert setup_v1(conn, raw_retention="12h", minute_retention="3d").changed() == []
+
+
+def test_the_shard_duration_setup_sends_is_the_one_influxdb_gives_a_new_policy(server):
+    server.create_database("rules")
+    durations = ["1h", "12h", "47h", "2d", "30d", "179d", "180d", "400d", "INF"]
+    for i, d in enumerate(durations):
+        server.query(f'CREATE RETENTION POLICY "p{i}" ON "rules" DURATION {d} REPLICATION 1')
+    got = {r["name"]: r["shardGroupDuration"] for r in server.rows('SHOW RETENTION POLICIES ON "rules"')}
+    for i, d in enumerate(durations):
+        assert parse_duration(got[f"p{i}"]) // 10**9 == shard_group_seconds(parse_duration(d) // 10**9), d
 
 
 def test_an_existing_database_keeps_its_data_and_gets_raw_as_default(server):

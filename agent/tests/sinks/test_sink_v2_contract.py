@@ -154,6 +154,7 @@ def test_type_conflicts_are_isolated_and_dead_lettered_never_retried(fake, tmp_p
 
 
 def test_413_splits_batches_in_halves_and_dead_letters_a_single_line_that_never_fits(fake, tmp_path):
+    """Covers a proxy in front of InfluxDB, or InfluxDB Cloud: OSS 2.9.1 sets no size limit on writes."""
     fake.max_body_bytes = 2000
     d = delivery(fake, tmp_path, max_lines=5000, flush_interval=5.0)
     huge = f'm,host=h s="{"x" * 3000}" {T0 + 999}\n'
@@ -195,6 +196,7 @@ def test_configuration_errors_keep_the_data_log_once_and_deliver_after_the_fix(f
 
 @pytest.mark.parametrize("status", [429, 503])
 def test_throttling_pauses_the_sink_for_retry_after_seconds(fake, tmp_path, status):
+    """Covers a proxy in front of InfluxDB, or InfluxDB Cloud: OSS 2.9.1 never answers a write 429 or Retry-After."""
     d = delivery(fake, tmp_path)
     fake.push(status, headers={"Retry-After": "1"})
     d.submit([lp(i) for i in range(10)])
@@ -207,6 +209,7 @@ def test_throttling_pauses_the_sink_for_retry_after_seconds(fake, tmp_path, stat
 
 
 def test_retry_after_as_an_http_date_is_honoured(fake, tmp_path):
+    """Covers a proxy in front of InfluxDB, or InfluxDB Cloud: OSS 2.9.1 never sends Retry-After."""
     d = delivery(fake, tmp_path)
     fake.push(503, headers={"Retry-After": email.utils.formatdate(time.time() + 2, usegmt=True)})
     d.submit([lp(i) for i in range(10)])

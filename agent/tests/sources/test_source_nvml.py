@@ -201,10 +201,12 @@ def test_a_gpm_probe_that_fails_frees_its_samples(node):
 
 
 # -- MIG -------------------------------------------------------------------------------------------
-def test_mig_devices_are_sampled_each_with_its_profile_and_index(node):
+def test_mig_devices_are_sampled_each_with_its_profile_and_index(node, caplog):
     g = mig_h200(0, layout=("2g.35gb", "1g.18gb", "1g.18gb"))
     g.mig_devices[1].mem_used, g.mig_devices[1].procs = 9 << 30, [(5150, 9 << 30)]
-    n = node([g])
+    with caplog.at_level(logging.WARNING):
+        n = node([g])
+    assert "GPU 0: process list needs privileges" in caplog.text
     first = n.cycle(0)
     parent = gpu_fields(first, 0)
     for name in ("util_gpu_pct", "sm_active_pct", "mem_used_bytes"):  # a non-root agent: none of these

@@ -55,9 +55,11 @@ NVIDIA/go-nvml ``pkg/nvml/nvml.h`` at 2f9e261; section named after the function)
 
 Where it is known to differ: it has no real latency except the documented 20 ms; on a MIG parent
 ``nvmlGpmSampleGet`` answers NOT_SUPPORTED (not in the reference; the issue's and DCGM's
-account); field value types and which GPUs offer fields 197/198 are not documented (the A100
+account); a MIG device handle answers only identity, memory, processes and GPM (anything else
+NOT_SUPPORTED, unverified); the driver's per-process sample period is modelled as 1 s (not
+documented); field value types and which GPUs offer fields 197/198 are not documented (the A100
 profile answers NOT_SUPPORTED for them so that the slow-path fallback is exercised); the PCIe
-"KB/s" of ``nvmlDeviceGetPcieThroughput`` is modelled as KiB/s (see ``probe.PCIE_KB``).
+"KB/s" of ``nvmlDeviceGetPcieThroughput`` is modelled as KiB/s (see ``window.PCIE_KB``).
 
 GPU profiles (:func:`h100`, :func:`h200`, :func:`a100`) take their identity, memory, power,
 clocks, PCIe link and temperatures from recorded ``nvidia-smi -q`` outputs of real GPUs
@@ -333,51 +335,49 @@ def _from_capture(name: str, index: int, **facts: Any) -> dict[str, Any]:
 _GPM_BUSY = {2: 71.5, 3: 40.25, 5: 45.0, 7: 43.5, 10: 36.0, 13: 2.0, 12: 11.0, 11: 0.0}
 _GPM_BUSY.update({20: 1200.0, 21: 2400.0, 60: 100_000.0, 61: 110_000.0})
 _HOPPER_EVENTS = 0x8 | 0x2 | 0x1 | 0x4000 | 0x8000 | 0x4 | 0x10
-#: H100 SXM5 80GB MIG profiles: NVIDIA MIG User Guide, "Supported MIG Profiles", H100 table (names,
-#: slices); memory = the profile's fraction (1/8 ... 8/8) of the captured 81559 MiB (modelled).
-H100_MIG = tuple(
-    MigProfile(pid, f"MIG {name}", slices, 81559 * eighths // 8, sms)
-    for pid, name, slices, eighths, sms in (
-        (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE, "1g.10gb", 1, 1, 16),
-        (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, "1g.20gb", 1, 2, 16),
-        (nv.NVML_GPU_INSTANCE_PROFILE_2_SLICE, "2g.20gb", 2, 2, 32),
-        (nv.NVML_GPU_INSTANCE_PROFILE_3_SLICE, "3g.40gb", 3, 4, 60),
-        (nv.NVML_GPU_INSTANCE_PROFILE_4_SLICE, "4g.40gb", 4, 4, 64),
-        (nv.NVML_GPU_INSTANCE_PROFILE_7_SLICE, "7g.80gb", 7, 8, 132),
-    )
+#: GPU instance profiles: (profile id, slices, memory eighths, SMs), the rows of the NVIDIA MIG User
+#: Guide's "Supported MIG Profiles" tables for A100-80GB, H100 and H200 (1g, 1g with twice the
+#: memory, 2g, 3g, 4g, 7g); memory = that fraction of the captured total (modelled: the driver's
+#: exact MiB are not published); SM counts are H100's.
+_MIG_SLICES = (
+    (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 1, 1, 16),
+    (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 1, 2, 16),
+    (nv.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 2, 2, 32),
+    (nv.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 3, 4, 60),
+    (nv.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 4, 4, 64),
+    (nv.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 7, 8, 132),
 )
-#: H200 SXM 141GB: the same guide's H200 table (1g.18gb, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb,
-#: 7g.141gb); NVIDIA mig-parted's default config lists 1g.18gb/2g.35gb/3g.71gb for device 0x233510DE.
-H200_MIG = tuple(
-    MigProfile(pid, f"MIG {name}", slices, 143771 * eighths // 8, sms)
-    for pid, name, slices, eighths, sms in (
-        (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE, "1g.18gb", 1, 1, 16),
-        (nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, "1g.35gb", 1, 2, 16),
-        (nv.NVML_GPU_INSTANCE_PROFILE_2_SLICE, "2g.35gb", 2, 2, 32),
-        (nv.NVML_GPU_INSTANCE_PROFILE_3_SLICE, "3g.71gb", 3, 4, 60),
-        (nv.NVML_GPU_INSTANCE_PROFILE_4_SLICE, "4g.71gb", 4, 4, 64),
-        (nv.NVML_GPU_INSTANCE_PROFILE_7_SLICE, "7g.141gb", 7, 8, 132),
+
+
+def _mig_table(total_mib: int, names: tuple[str, ...]) -> tuple[MigProfile, ...]:
+    return tuple(
+        MigProfile(pid, f"MIG {name}", slices, total_mib * eighths // 8, sms)
+        for (pid, slices, eighths, sms), name in zip(_MIG_SLICES, names, strict=True)
     )
-)
+
+
+A100_MIG = _mig_table(81920, ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"))
+H100_MIG = _mig_table(81559, ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"))
+#: NVIDIA mig-parted's default config lists 1g.18gb/2g.35gb/3g.71gb for the H200 (device 0x233510DE).
+H200_MIG = _mig_table(143771, ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"))
+
+
+def _hopper(capture: str, mig: tuple[MigProfile, ...], index: int, kw: dict[str, Any]) -> FakeGpu:
+    facts = _from_capture(capture, index)
+    facts.update(gpm=True, nvlink_links=18, event_types=_HOPPER_EVENTS, gpm_values=dict(_GPM_BUSY), mig_profiles=mig)
+    facts.update(kw)
+    return FakeGpu(index, **facts)
 
 
 def h100(index: int, **kw: Any) -> FakeGpu:
     """H100 SXM5 80GB from a recorded 8-GPU node (driver 565.57.01); 18 NVLinks (NVLink 4,
     900 GB/s per the H100 datasheet), GPM (Hopper), ECC, HBM temperature; no fan."""
-    facts = _from_capture("h100_sxm5_80gb", index)
-    facts.update(gpm=True, nvlink_links=18, event_types=_HOPPER_EVENTS, gpm_values=dict(_GPM_BUSY))
-    facts.update(mig_profiles=H100_MIG)
-    facts.update(kw)
-    return FakeGpu(index, **facts)
+    return _hopper("h100_sxm5_80gb", H100_MIG, index, kw)
 
 
 def h200(index: int, **kw: Any) -> FakeGpu:
     """H200 SXM 141GB from a recorded capture (driver 550.90.12); 18 NVLinks, GPM, ECC; no fan."""
-    facts = _from_capture("h200_sxm_141gb", index)
-    facts.update(gpm=True, nvlink_links=18, event_types=_HOPPER_EVENTS, gpm_values=dict(_GPM_BUSY))
-    facts.update(mig_profiles=H200_MIG)
-    facts.update(kw)
-    return FakeGpu(index, **facts)
+    return _hopper("h200_sxm_141gb", H200_MIG, index, kw)
 
 
 def a100(index: int, **kw: Any) -> FakeGpu:
@@ -385,7 +385,7 @@ def a100(index: int, **kw: Any) -> FakeGpu:
     per the A100 datasheet); no GPM (Hopper and later). PCIe byte counters (197/198) answer
     NotSupported here to exercise the fallback (which GPUs offer them is not documented)."""
     facts = _from_capture("a100_sxm4_80gb", index)
-    facts.update(nvlink_links=12, pcie_counters=False, event_types=0x8 | 0x2 | 0x1 | 0x4)
+    facts.update(nvlink_links=12, pcie_counters=False, event_types=0x8 | 0x2 | 0x1 | 0x4, mig_profiles=A100_MIG)
     facts.update(kw)
     return FakeGpu(index, **facts)
 

@@ -2,8 +2,12 @@
 
 No Grafana server exists here: :func:`gpulse.dashboards.influxql.interpolate` reproduces its macro
 and variable substitution, and :func:`grafana_interval` its ``$__interval`` (range / max data
-points, rounded to Grafana's steps, never below the panel's or datasource's minimum). Shared by the
-dashboard tests and the demo tests.
+points, rounded to Grafana's steps, never below the panel's or datasource's minimum). Variables
+resolve the way Grafana 12.4's InfluxDB datasource resolves them (``datasource.ts``
+``toMetricFindValue``: the first string field of each frame, in row order, duplicates dropped),
+sorted by the variable's ``sort`` option, defaulting to the first option unless "All" is offered.
+Annotations run their ``target.query`` (the current form; see :class:`gpulse.dashboards.builder.Annotation`).
+Shared by the dashboard tests and the demo tests.
 """
 
 from __future__ import annotations
@@ -56,38 +60,87 @@ def data_rows(influx: Any, query: str) -> int:
     return n
 
 
+def variable_values(influx: Any, query: str) -> list[str]:
+    """A variable query's options in the order Grafana's InfluxDB datasource builds them.
+
+    SHOW TAG VALUES frames carry the ``value`` column; a SELECT yields one frame per column, and
+    each contributes its first string field (a numeric column would add its numbers, so gpulse's
+    variable queries select exactly one string column).
+    """
+    out: dict[str, None] = {}
+    for res in influx.query(query, db="gpulse").get("results", []):
+        for s in res.get("series", []) or []:
+            cols = s["columns"]
+            if cols == ["key", "value"]:
+                columns = [1]
+            else:
+                columns = [i for i, c in enumerate(cols) if c != "time"]
+            for i in columns:
+                for values in s["values"]:
+                    if values[i] is not None:
+                        out.setdefault(str(values[i]), None)
+    return list(out)
+
+
+def _sorted(values: list[str], sort: int) -> list[str]:
+    """Grafana's variable ``sort``: 0 keeps the query's order, 1/2 alphabetical, 3/4 numerical."""
+    if sort == 0:
+        return values
+    if sort in (3, 4):
+        key: Any = lambda v: int(m.group(0)) if (m := re.search(r"\d+", v)) else -1  # noqa: E731
+    else:
+        key = str
+    return sorted(values, key=key, reverse=sort in (2, 4))
+
+
 def resolve_variables(
     influx: Any, dash: dict[str, Any], time_from: str, picks: Mapping[str, str]
 ) -> dict[str, Variable]:
-    """Run each variable's query in order, selecting All, or the value ``picks`` names for it."""
+    """Run each variable's query in order; select the value ``picks`` names, else what Grafana selects
+    by default (All where offered, else the first option)."""
     resolved: dict[str, Variable] = {}
     for v in dash["templating"]["list"]:
         q = interpolate(v["query"], resolved, time_from=time_from)
-        values = sorted({row["value"] for row in influx.rows(q)})
+        values = _sorted(variable_values(influx, q), v.get("sort", 0))
         assert values, f"{dash['title']}: variable ${v['name']} has no values: {q}"
         pick = picks.get(v["name"])
         if pick is not None:
             assert pick in values, f"{dash['title']}: ${v['name']} does not offer {pick}: {values}"
             values = [pick]
+        elif not v["includeAll"]:
+            values = values[:1]
         resolved[v["name"]] = Variable(tuple(values), multi=v["multi"] or v["includeAll"])
     return resolved
 
 
+def panel_queries(dash: dict[str, Any], variables: Mapping[str, Variable], time_from: str) -> list[tuple[Any, ...]]:
+    """(panel, target, query as Grafana sends it) for every target of every panel."""
+    out = []
+    for p in dash["panels"]:
+        interval = grafana_interval(range_seconds(time_from), p.get("interval"))
+        for t in p.get("targets", []):
+            out.append((p, t, interpolate(t["query"], variables, time_from=time_from, interval=interval)))
+    return out
+
+
+def annotation_queries(
+    dash: dict[str, Any], variables: Mapping[str, Variable], time_from: str
+) -> list[tuple[str, str]]:
+    return [
+        (a["name"], interpolate(a["target"]["query"], variables, time_from=time_from))
+        for a in dash["annotations"]["list"]
+        if "target" in a and a["target"].get("fromAnnotations")
+    ]
+
+
 def panel_rows(influx: Any, dash: dict[str, Any], time_from: str, picks: Mapping[str, str]) -> dict[str, int]:
-    """Data rows per panel title (and ``annotation: name``) over ``now-<range>``, with ``picks`` chosen."""
+    """Data rows per panel title (and ``annotation: name``) over ``now-<range>``, with ``picks`` chosen.
+
+    Panels without queries (text) are left out."""
     variables = resolve_variables(influx, dash, time_from, picks)
     counts: dict[str, int] = {}
-    for p in dash["panels"]:
-        if p["type"] == "row":
-            continue
-        interval = grafana_interval(range_seconds(time_from), p.get("interval"))
-        counts[p["title"]] = sum(
-            data_rows(influx, interpolate(t["query"], variables, time_from=time_from, interval=interval))
-            for t in p["targets"]
-        )
-    for a in dash["annotations"]["list"]:
-        if "query" in a:
-            counts[f"annotation: {a['name']}"] = data_rows(
-                influx, interpolate(a["query"], variables, time_from=time_from)
-            )
+    for p, _t, q in panel_queries(dash, variables, time_from):
+        counts[p["title"]] = counts.get(p["title"], 0) + data_rows(influx, q)
+    for name, q in annotation_queries(dash, variables, time_from):
+        counts[f"annotation: {name}"] = data_rows(influx, q)
     return counts

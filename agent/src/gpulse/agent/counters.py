@@ -1,6 +1,6 @@
 """The agent's counters in one place: what the loop counts, and one reading of everything at once.
 
-Three views read the same :class:`Reading`: the ``agent`` point written every self-metrics interval
+Three views read the same :class:`Counts`: the ``agent`` point written every self-metrics interval
 (its fields are exactly ``gpulse.schema.AGENT``'s, in that order), the ``gpulse status`` snapshot,
 and the ``{"final": ...}`` summary printed at exit. A counter added here and to the schema shows up
 in all three; one in the schema without a source here fails at the first reading (and in the tests).
@@ -52,7 +52,7 @@ class LoopCounters:
 
 
 @dataclass(frozen=True)
-class Reading:
+class Counts:
     """Every counter of the agent at one instant: the loop's, the GPU source's, delivery's and the
     training channel's."""
 
@@ -116,15 +116,15 @@ def read(
     delivery: Any | None,
     receiver: Any | None,
     encoder_nonfinite: int,
-) -> Reading:
-    """One :class:`Reading` from the agent's parts (delivery and the receiver may be absent)."""
+) -> Counts:
+    """One :class:`Counts` from the agent's parts (delivery and the receiver may be absent)."""
     d: Mapping[str, Any] = delivery.stats() if delivery is not None else {}
     rs = _receiver_stats(receiver)
     errors = dict.fromkeys(NVML_ERROR_KINDS, 0)
     for kind, n in source.error_counts().items():
         errors[kind if kind in errors else "other"] += n
     dropped_by_channel = int((rs.get("values_dropped_by_cause") or {}).get("nonfinite", 0))
-    return Reading(
+    return Counts(
         loop=dataclasses.replace(loop, points=dict(loop.points)),
         uptime_s=time.monotonic() - started_mono,
         gpus=gpus,

@@ -33,11 +33,11 @@ from typing import Any, TextIO
 
 from gpulse import __version__
 from gpulse.agent.config import AgentConfig
-from gpulse.agent.counters import LoopCounters, Reading, read
+from gpulse.agent.counters import Counts, LoopCounters, read
 from gpulse.agent.status_line import StatusLine
 from gpulse.lineprotocol.encode import Encoder, Series
 from gpulse.schema import GPU_TAGS, MEASUREMENTS
-from gpulse.sources.base import GpuIdentity, GpuSource, SourceUnavailable
+from gpulse.sources.base import GpuIdentity, GpuSource, Reading, SourceUnavailable
 from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.agent")
@@ -51,6 +51,9 @@ EXIT_NO_DRIVER = 3
 GPU_MEASUREMENTS = tuple(m.name for m in MEASUREMENTS.values() if m.tags[: len(GPU_TAGS)] == GPU_TAGS)
 #: Wall-clock minus monotonic may drift this much before the schedule is re-aligned.
 _CLOCK_STEP_NS = 100_000_000
+#: The latest ``gpu_info`` of each GPU is written again this often, so it stays inside the raw
+#: retention however long the agent runs (the inventory panels read it from the raw tier).
+GPU_INFO_EVERY_S = 3600
 
 
 def make_source(cfg: AgentConfig) -> GpuSource:
@@ -165,6 +168,8 @@ class Agent:
         self._series: dict[int, dict[str, Series]] = {}
         self._base_tags: dict[int, dict[str, dict[str, str]]] = {}
         self._agent_series = self.encoder.series("agent", {"host": cfg.host})
+        self._gpu_info: dict[int, Reading] = {}
+        self._gpu_info_due = 0
 
     # -- control (signal handlers and tests) ------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -366,7 +371,7 @@ class Agent:
         return offset
 
     def _cycle(self, ts: int) -> None:
-        readings = self.source.collect(ts)
+        readings = self._with_gpu_info(self.source.collect(ts), ts)
         if self.receiver is not None and self.receiver.runs_version != self._runs_version:
             self._rebuild_series()
         gpus = self.source.gpus
@@ -393,6 +398,18 @@ class Agent:
         if lines:
             self.counters.lines_submitted += len(lines)
             self.delivery.submit(lines)
+
+    def _with_gpu_info(self, readings: list[Reading], ts: int) -> list[Reading]:
+        """Remember each GPU's latest ``gpu_info``; repeat it (stamped ``ts``) every GPU_INFO_EVERY_S."""
+        fresh = [r for r in readings if r.measurement == "gpu_info"]
+        if fresh:
+            self._gpu_info.update((r.gpu, r) for r in fresh)
+            self._gpu_info_due = ts + round(GPU_INFO_EVERY_S * 1e9)
+        elif self._gpu_info and ts >= self._gpu_info_due:
+            present = {g.index for g in self.source.gpus}
+            readings = [*readings, *(r._replace(ts_ns=ts) for r in self._gpu_info.values() if r.gpu in present)]
+            self._gpu_info_due = ts + round(GPU_INFO_EVERY_S * 1e9)
+        return readings
 
     def _unknown_gpu(self, index: int) -> None:
         self.counters.readings_unknown_gpu += 1
@@ -423,7 +440,7 @@ class Agent:
     def _delivered(self) -> int:
         return int(self.delivery.stats().get("lines_written", 0)) if self.delivery is not None else 0
 
-    def read_counters(self) -> Reading:
+    def read_counters(self) -> Counts:
         """Every counter at once (loop, GPU source, delivery, training channel)."""
         return read(
             self.counters,
@@ -482,7 +499,7 @@ class Agent:
             "records_rejected": r.records_rejected,
         }
 
-    def summary(self, reading: Reading | None = None) -> dict[str, Any]:
+    def summary(self, reading: Counts | None = None) -> dict[str, Any]:
         """The final counts, printed as ``{"final": ...}`` at exit."""
         r = reading or self.read_counters()
         c = r.loop

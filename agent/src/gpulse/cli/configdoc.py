@@ -32,6 +32,9 @@ ENV_DOCS = {
     "GPULSE_PEAK_FLOPS": "training processes: peak FLOP/s per device for MFU, overriding the built-in table",
     "GPULSE_GRAFANA_URL": "`gpulse demo`: the Grafana its printed links point to",
     "GPULSE_GRAFANA_PORT": "`gpulse demo` without `GPULSE_GRAFANA_URL`: Grafana's port on 127.0.0.1 (`.env`)",
+    "GPULSE_ALERT_KIND": "the stack's Grafana (`.env`): `webhook` or `slack`, the kind of the gpulse-team alert contact point",
+    "GPULSE_ALERT_WEBHOOK_URL_FILE": "the stack's Grafana (`.env`): a file holding the gpulse-team contact point's "
+    "Slack or webhook URL (mounted into Grafana; the alert-log service when unset)",
 }
 #: The compose stack's settings file (read by `make up` and docker compose, not by gpulse itself).
 ENV_EXAMPLE = PACKAGE.parents[2] / ".env.example"

@@ -18,6 +18,7 @@ from gpulse import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent", "sample GPUs and training runs on this node and deliver to InfluxDB"),
     "setup": ("setup", "create buckets, retention policies, downsampling and tokens (idempotent)"),
+    "recompute": ("recompute", "rebuild the 1m and 1h tiers of a time range (after an outage or an old upload)"),
     "upload": ("upload", "push a recording (agent --record or a training run's fallback file) to InfluxDB"),
     "report": ("report", "build a run's metrics_report.json, diagnosis and HTML report"),
     "demo": ("demo", "fill InfluxDB with a simulated 8-GPU node and training run"),

@@ -14,16 +14,28 @@ from pathlib import Path
 from gpulse.dashboards import agent_health, alerts, history, node, training
 from gpulse.dashboards.builder import DATASOURCE_UID, Dashboard
 
-__all__ = ["ALERTS_PATH", "DASHBOARDS_DIR", "DATASOURCE_UID", "DOCS_PATH", "check", "dashboards", "rendered", "write"]
+__all__ = [
+    "ALERTS_PATH",
+    "DASHBOARDS_DIR",
+    "DATASOURCE_UID",
+    "DOCS_PATH",
+    "WEBHOOK_DEFAULT_PATH",
+    "check",
+    "dashboards",
+    "rendered",
+    "write",
+]
 
 #: Where the rendered files live, relative to the repository root.
 DASHBOARDS_DIR = "grafana/dashboards"
 ALERTS_PATH = "grafana/provisioning/alerting/gpulse.yaml"
 DOCS_PATH = "docs/dashboards.md"
+#: The team contact point's URL file until one is configured (docker-compose.yml mounts it).
+WEBHOOK_DEFAULT_PATH = "grafana/alert-webhook-url.unconfigured"
 
 
 def dashboards() -> list[Dashboard]:
-    return [node.build(), training.build(), history.build(), agent_health.build()]
+    return [node.build(), training.build(), history.build(), agent_health.build(), alerts.runbook_dashboard()]
 
 
 def render_json(doc: dict[str, object]) -> str:
@@ -44,7 +56,8 @@ def rendered() -> dict[str, str]:
     ds = dashboards()
     out = {f"{DASHBOARDS_DIR}/{d.path}": render_json(d.to_json()) for d in ds}
     out[ALERTS_PATH] = render_alerts()
-    out[DOCS_PATH] = render_markdown(ds, alerts.rules())
+    out[WEBHOOK_DEFAULT_PATH] = alerts.ALERT_LOG_URL + alerts.UNCONFIGURED_PATH + "\n"
+    out[DOCS_PATH] = render_markdown(ds, alerts.catalogue())
     return out
 
 

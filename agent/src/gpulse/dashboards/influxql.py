@@ -7,12 +7,16 @@ dashboard query can be run against InfluxDB exactly as Grafana would send it.
 
 :func:`references` lists the measurements (with retention policy) and the identifiers a query
 uses, and :func:`check_references` checks them against :mod:`gpulse.schema`, so a renamed field
-breaks the build instead of silently emptying a panel.
+breaks the build instead of silently emptying a panel. A query never names the database: the
+datasource's ``dbName`` is the bucket the user configured (``GPULSE_BUCKET``), so ``FROM
+"1h"."gpu"`` follows it and ``FROM "gpulse"."1h"."gpu"`` would break for any other name.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -20,7 +24,6 @@ from gpulse.schema import DOWNSAMPLE_SUFFIXES, MEASUREMENTS
 
 #: Retention policies the setup creates: raw (default) and the downsampled ones.
 DOWNSAMPLED_RPS = ("1m", "1h")
-DATABASE = "gpulse"
 
 _REGEX_SPECIALS = re.compile(r"[\\^$*+?.()|\[\]{}/]")
 _RELATIVE = re.compile(r"^now-(\d+)([smhdw])$")
@@ -75,8 +78,10 @@ def interpolate(
         "__interval": interval,
         "__interval_ms": str(_duration_ms(interval)),
     }
-    if from_ms is not None and to_ms is not None:
-        macros["__from"], macros["__to"] = str(from_ms), str(to_ms)
+    if from_ms is None or to_ms is None:
+        to_ms = time.time_ns() // 1_000_000
+        from_ms = to_ms - _duration_ms(_relative(time_from))
+    macros["__from"], macros["__to"] = str(from_ms), str(to_ms)
 
     def sub(m: re.Match[str]) -> str:
         name = m.group("braced") or m.group("bracket") or m.group("plain")
@@ -92,6 +97,14 @@ def interpolate(
         sub,
         query,
     )
+
+
+def _relative(time_from: str) -> str:
+    m = _RELATIVE.match(time_from)
+    if not m:
+        raise ValueError(f"only now-N[smhdw] time ranges are supported, not {time_from!r}")
+    n, unit = int(m.group(1)), m.group(2)
+    return f"{n * 7}d" if unit == "w" else f"{n}{unit}"
 
 
 def _duration_ms(d: str) -> int:
@@ -122,8 +135,8 @@ def references(query: str) -> References:
     refs = References()
     for m in _SOURCE.finditer(query):
         parts = _IDENT.findall(m.group(1))
-        if len(parts) == 3 and parts[0] != DATABASE:
-            raise ValueError(f"query reads database {parts[0]!r}, not {DATABASE!r}: {query}")
+        if len(parts) == 3:
+            raise ValueError(f"query names the database {parts[0]!r}; name only the retention policy: {query}")
         rp = parts[-2] if len(parts) >= 2 else None
         refs.sources.append((rp, parts[-1]))
     refs.aliases = set(_ALIAS.findall(query))
@@ -183,3 +196,59 @@ def check_references(query: str) -> list[str]:
 def tag_keys(query: str) -> Sequence[str]:
     """The keys of a ``SHOW TAG VALUES ... WITH KEY = "k"`` query."""
     return re.findall(r'WITH\s+KEY\s*=\s*"([^"]+)"', query, re.IGNORECASE)
+
+
+def _top_level(text: str, sep: str) -> list[int]:
+    """Offsets of ``sep`` outside parentheses and quotes (case-insensitive)."""
+    out, depth, quote = [], 0, ""
+    upper, sep = text.upper(), sep.upper()
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif depth == 0 and upper.startswith(sep, i):
+            out.append(i)
+    return out
+
+
+_COLUMN_ALIAS = re.compile(r'^(?P<expr>.*?)\s+AS\s+"(?P<alias>[^"]+)"$', re.IGNORECASE | re.DOTALL)
+_CALL = re.compile(r"^(?P<fn>\w+)\(")
+_BARE = re.compile(r'^"(?P<name>[^"]+)"$')
+
+
+def select_columns(query: str) -> list[tuple[str, str]]:
+    """The outermost SELECT's columns as (expression, column name InfluxDB gives it)."""
+    body = query.strip()
+    if not body.upper().startswith("SELECT "):
+        return []
+    body = body[len("SELECT ") :]
+    ends = _top_level(body, " FROM ")
+    body = body[: ends[0]] if ends else body
+    cuts = [0, *(i + 1 for i in _top_level(body, ",")), len(body) + 1]
+    out = []
+    for a, b in itertools.pairwise(cuts):
+        expr = body[a : b - 1].strip()
+        m = _COLUMN_ALIAS.match(expr)
+        if m:
+            out.append((m["expr"].strip(), m["alias"]))
+        elif (call := _CALL.match(expr)) is not None:
+            out.append((expr, call["fn"]))
+        elif (bare := _BARE.match(expr)) is not None:
+            out.append((expr, bare["name"]))
+        else:
+            out.append((expr, expr))
+    return out
+
+
+_PLAIN = re.compile(r'^(?:(?:mean|median|max|min|last|first)\()?"(?P<field>[^"]+)"\)?$', re.IGNORECASE)
+
+
+def plain_field(expression: str) -> str | None:
+    """The field an expression shows unchanged (``mean("x")``, ``last("x")``, ``"x"``), else ``None``."""
+    m = _PLAIN.match(expression.strip())
+    return m["field"] if m else None

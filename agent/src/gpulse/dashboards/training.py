@@ -1,9 +1,43 @@
-"""Training-run dashboard: where each step's time goes, how fast the run learns, and which rank lags."""
+"""Training-run dashboard: where each step's time goes, how fast the run learns, and which rank lags.
+
+``$run`` lists the runs started by the end of the time range, the latest first, and Grafana selects
+the first: the dashboard opens on the latest run, not the alphabetically first one.
+"""
 
 from __future__ import annotations
 
-from gpulse.dashboards.builder import Dashboard, Query, bargauge, stat, table, timeseries
+from typing import Any
 
+from gpulse.dashboards import node
+from gpulse.dashboards.builder import (
+    Annotation,
+    Column,
+    Dashboard,
+    Panel,
+    Query,
+    Variable,
+    bargauge,
+    stat,
+    table,
+    timeseries,
+)
+from gpulse.dashboards.units import (
+    BYTES,
+    COUNT,
+    ID,
+    PERCENT,
+    PLAIN,
+    RATIO,
+    SAMPLES_PER_S,
+    SECONDS,
+    TFLOPS,
+    TOKENS_PER_S,
+    Unit,
+    falling,
+    rising,
+)
+
+UID = "gpulse-training-run"
 SEL = '"run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/ AND "rank" =~ /^$rank$/'
 WHERE = f"{SEL} AND $timeFilter"
 BY_TIME = "GROUP BY time($__interval) fill(none)"
@@ -15,74 +49,133 @@ PHASES = (
     ("backward_s", "backward"),
     ("optimizer_s", "optimizer"),
 )
+#: Runs started by the end of the range, the latest start first: the run tag read as the only
+#: column of a raw (ungrouped, so time-ordered) subquery over the few ``train_run`` start points.
+#: Grafana's InfluxQL variable support takes the first string field of each frame in row order,
+#: and ``sort: 0`` keeps that order, so the dashboard opens on the latest run.
+RUNS_LATEST_FIRST = (
+    'SELECT "r" FROM (SELECT "status", "run" AS "r" FROM "train_run" WHERE "event" = \'start\' '
+    "AND time <= ${__to}ms) ORDER BY time DESC"
+)
+MFU = falling(0.2, 0.35)
 
 
-def _sum_over_ranks(field: str) -> Query:
+def _sum_over_ranks(field: str, unit: Unit) -> Query:
     """Run-wide rate: each rank's mean per interval, summed over ranks."""
     return Query(
         f'SELECT sum("v") FROM (SELECT mean("{field}") AS "v" FROM "train_step" WHERE {WHERE} {BY_RANK}) '
         f"WHERE $timeFilter {BY_TIME}",
+        unit,
         "all ranks",
     )
 
 
+def _stat(title: str, description: str, fn: str, field: str, unit: Unit, **kw: Any) -> Panel:
+    """A stat of one aggregate of one train_step field over the selected ranks and range."""
+    return stat(title, description, Query(f'SELECT {fn}("{field}") FROM "train_step" WHERE {WHERE}', unit), **kw)
+
+
 def build() -> Dashboard:
     d = Dashboard(
-        "gpulse-training-run",
+        UID,
         "gpulse / Training run",
         "Training",
         "training-run",
         "One training run: step time by phase, input and communication stalls, throughput, MFU, loss, memory, "
-        "rank stragglers and the run's GPUs.",
+        "rank stragglers and the run's GPUs (a click opens a GPU on the Node dashboard).",
         time_from="now-3h",
         refresh="10s",
     )
-    d.variable("run", "Run", 'SHOW TAG VALUES FROM "train_step" WITH KEY = "run"', multi=False)
-    d.variable("host", "Host", 'SHOW TAG VALUES FROM "train_step" WITH KEY = "host" WHERE "run" =~ /^${run:regex}$/')
+    d.variable(Variable("run", "Run (latest first)", RUNS_LATEST_FIRST, multi=False, include_all=False, sort=0))
     d.variable(
-        "rank",
-        "Rank",
-        'SHOW TAG VALUES FROM "train_step" WITH KEY = "rank" WHERE "run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/',
-        numeric_sort=True,
+        Variable("host", "Host", 'SHOW TAG VALUES FROM "train_step" WITH KEY = "host" WHERE "run" =~ /^${run:regex}$/')
+    )
+    d.variable(
+        Variable(
+            "rank",
+            "Rank",
+            'SHOW TAG VALUES FROM "train_step" WITH KEY = "rank" WHERE "run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/',
+            sort=3,
+        )
     )
     d.annotation(
-        "Run events",
-        'SELECT "text", "kind", "step" FROM "train_event" WHERE "run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/ AND $timeFilter',
-        text="text",
-        tags="kind",
-        color="orange",
+        Annotation(
+            "Run events",
+            'SELECT "text", "kind", "step" FROM "train_event" WHERE "run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/ '
+            "AND $timeFilter",
+            text="text",
+            tags="kind",
+            color="orange",
+        )
     )
     d.annotation(
-        "Run start / end",
-        'SELECT "status", "event" FROM "train_run" WHERE "run" =~ /^${run:regex}$/ AND "rank" = \'0\' AND $timeFilter',
-        text="status",
-        tags="event",
-        color="green",
+        Annotation(
+            "Run start / end",
+            'SELECT "status", "event" FROM "train_run" WHERE "run" =~ /^${run:regex}$/ AND "rank" = \'0\' AND $timeFilter',
+            text="status",
+            tags="event",
+            color="green",
+        )
     )
 
     d.row(
         "Overview",
-        stat("Step", "Latest global step.", Query(f'SELECT max("step") FROM "train_step" WHERE {WHERE}')),
-        stat(
+        _stat(
+            "Step",
+            "Latest global step of the run (the highest of the selected ranks).",
+            "max",
+            "step",
+            ID,
+        ),
+        _stat(
             "Mean step time",
             "Mean wall time of a step over the selected ranks and range.",
-            Query(f'SELECT mean("step_time_s") FROM "train_step" WHERE {WHERE}'),
-            unit="s",
-            decimals=3,
+            "mean",
+            "step_time_s",
+            SECONDS,
         ),
-        stat(
+        _stat(
             "Mean MFU",
-            "Model FLOPs utilisation: achieved / peak FLOP/s (formula in the run's train_run.mfu_formula).",
-            Query(f'SELECT mean("mfu") FROM "train_step" WHERE {WHERE}'),
-            unit="percentunit",
-            decimals=1,
+            "Model FLOPs utilisation: achieved / peak FLOP/s (formula in the Run table). Red below 20 %, "
+            "yellow below 35 %.",
+            "mean",
+            "mfu",
+            RATIO,
+            thresholds=MFU,
+        ),
+        _stat(
+            "Mean TFLOP/s per rank",
+            "Achieved model TFLOP/s of one rank, averaged over ranks and range.",
+            "mean",
+            "tflops",
+            TFLOPS,
+        ),
+        _stat(
+            "Tokens/s per rank",
+            "Tokens per second of one rank, averaged over ranks and range (the graph below sums the ranks).",
+            "mean",
+            "tokens_per_s",
+            TOKENS_PER_S,
         ),
         stat(
             "Data wait share",
-            "Share of step time spent waiting for the next batch: above a few percent, the input pipeline is the bottleneck.",
-            Query(f'SELECT sum("data_wait_s") / sum("step_time_s") FROM "train_step" WHERE {WHERE}'),
-            unit="percentunit",
-            decimals=1,
+            "Share of step time spent waiting for the next batch: above 5 % (yellow) the input pipeline starts "
+            "to cost; above 15 % (red) it is the bottleneck.",
+            Query(f'SELECT sum("data_wait_s") / sum("step_time_s") FROM "train_step" WHERE {WHERE}', RATIO),
+            thresholds=rising(0.05, 0.15),
+        ),
+        stat(
+            "Communication share",
+            "Share of step time in measured communication (yellow from 10 %, red from 30 %).",
+            Query(f'SELECT sum("comm_s") / sum("step_time_s") FROM "train_step" WHERE {WHERE}', RATIO),
+            thresholds=rising(0.1, 0.3),
+        ),
+        _stat(
+            "Peak memory",
+            "Highest CUDA memory allocated during a step, over the selected ranks.",
+            "max",
+            "mem_peak_bytes",
+            BYTES,
         ),
     )
     d.row(
@@ -95,12 +188,15 @@ def build() -> Dashboard:
                 "SELECT "
                 + ", ".join(f'mean("{f}") AS "{name}"' for f, name in PHASES)
                 + f' FROM "train_step" WHERE {WHERE} {BY_TIME}',
+                SECONDS,
                 "$col",
             ),
-            Query(f'SELECT mean("step_time_s") AS "step" FROM "train_step" WHERE {WHERE} {BY_TIME}', "step time"),
-            unit="s",
+            Query(
+                f'SELECT mean("step_time_s") AS "step" FROM "train_step" WHERE {WHERE} {BY_TIME}', SECONDS, "step time"
+            ),
             min=0,
             stacked=True,
+            legend="wide",
             overrides=[
                 {
                     "matcher": {"id": "byFrameRefID", "options": "B"},
@@ -114,31 +210,50 @@ def build() -> Dashboard:
         ),
         timeseries(
             "Data-wait and communication ratios",
-            "Share of step time blocked on input (data wait) and spent in measured communication (comm).",
+            "Share of step time blocked on input (data wait) and spent in measured communication.",
             Query(
-                'SELECT sum("data_wait_s") / sum("step_time_s") AS "data wait", sum("comm_s") / sum("step_time_s") AS "communication" '
-                f'FROM "train_step" WHERE {WHERE} {BY_TIME}',
+                'SELECT sum("data_wait_s") / sum("step_time_s") AS "data wait", sum("comm_s") / sum("step_time_s") '
+                f'AS "communication" FROM "train_step" WHERE {WHERE} {BY_TIME}',
+                RATIO,
                 "$col",
             ),
-            unit="percentunit",
             min=0,
+            thresholds=rising(0.05, 0.15),
+            legend="wide",
         ),
     )
     d.row(
         "Throughput and efficiency",
         timeseries(
-            "Samples/s", "Samples per second over all selected ranks.", _sum_over_ranks("samples_per_s"), width=8, min=0
+            "Samples/s",
+            "Samples per second over all selected ranks.",
+            _sum_over_ranks("samples_per_s", SAMPLES_PER_S),
+            width=6,
+            min=0,
+            legend="wide",
         ),
         timeseries(
-            "Tokens/s", "Tokens per second over all selected ranks.", _sum_over_ranks("tokens_per_s"), width=8, min=0
+            "Tokens/s",
+            "Tokens per second over all selected ranks.",
+            _sum_over_ranks("tokens_per_s", TOKENS_PER_S),
+            width=6,
+            min=0,
+            legend="wide",
         ),
         timeseries(
             "MFU",
-            "Model FLOPs utilisation per rank.",
-            Query(f'SELECT mean("mfu") FROM "train_step" WHERE {WHERE} {BY_RANK}', PER_RANK),
-            unit="percentunit",
+            "Model FLOPs utilisation per rank (dashed lines at 20 % and 35 %).",
+            Query(f'SELECT mean("mfu") FROM "train_step" WHERE {WHERE} {BY_RANK}', RATIO, PER_RANK),
             min=0,
-            width=8,
+            thresholds=MFU,
+            width=6,
+        ),
+        timeseries(
+            "TFLOP/s per rank",
+            "Achieved model TFLOP/s per rank.",
+            Query(f'SELECT mean("tflops") FROM "train_step" WHERE {WHERE} {BY_RANK}', TFLOPS, PER_RANK),
+            min=0,
+            width=6,
         ),
     )
     d.row(
@@ -146,39 +261,56 @@ def build() -> Dashboard:
         timeseries(
             "Loss",
             "The logged training loss (log_loss), averaged over ranks.",
-            Query(f'SELECT mean("log_loss") FROM "train_step" WHERE {WHERE} {BY_TIME}', "loss"),
-            width=12,
+            Query(f'SELECT mean("log_loss") FROM "train_step" WHERE {WHERE} {BY_TIME}', PLAIN, "loss"),
+            width=8,
+            legend="wide",
         ),
         timeseries(
             "Memory peak per rank",
             "Peak CUDA memory allocated during a step and memory reserved by the caching allocator, per rank.",
             Query(
-                f'SELECT max("mem_peak_bytes") AS "peak", max("mem_reserved_bytes") AS "reserved" FROM "train_step" WHERE {WHERE} {BY_RANK}',
+                'SELECT max("mem_peak_bytes") AS "peak", max("mem_reserved_bytes") AS "reserved" '
+                f'FROM "train_step" WHERE {WHERE} {BY_RANK}',
+                BYTES,
                 "rank $tag_rank $col",
             ),
-            unit="bytes",
             min=0,
-            width=12,
+            width=8,
+        ),
+        timeseries(
+            "Allocator retries",
+            "Caching-allocator retries per interval (cudaMalloc failed and the cache was flushed): a run close "
+            "to out-of-memory slows down here first.",
+            Query(
+                f'SELECT non_negative_difference(last("alloc_retries")) FROM "train_step" WHERE {WHERE} {BY_RANK}',
+                COUNT,
+                PER_RANK,
+            ),
+            min=0,
+            bars=True,
+            width=8,
         ),
     )
     d.row(
         "Ranks",
         timeseries(
             "Step time across ranks",
-            "Fastest and slowest rank's mean step time per interval, and their difference: a persistent spread is a straggler.",
+            "Fastest and slowest rank's mean step time per interval, and their difference: a persistent spread "
+            "is a straggler.",
             Query(
                 'SELECT min("v") AS "fastest", max("v") AS "slowest", spread("v") AS "spread" FROM '
-                f'(SELECT mean("step_time_s") AS "v" FROM "train_step" WHERE {WHERE} {BY_RANK}) WHERE $timeFilter {BY_TIME}',
+                f'(SELECT mean("step_time_s") AS "v" FROM "train_step" WHERE {WHERE} {BY_RANK}) WHERE $timeFilter '
+                f"{BY_TIME}",
+                SECONDS,
                 "$col",
             ),
-            unit="s",
             min=0,
+            legend="wide",
         ),
         bargauge(
             "Mean step time per rank",
             "Each rank's mean step time over the range; the longest bar is the rank everyone else waits for.",
-            Query(f'SELECT mean("step_time_s") FROM "train_step" WHERE {WHERE} GROUP BY "rank"', PER_RANK),
-            unit="s",
+            Query(f'SELECT mean("step_time_s") FROM "train_step" WHERE {WHERE} GROUP BY "rank"', SECONDS, PER_RANK),
             min=0,
         ),
     )
@@ -186,15 +318,18 @@ def build() -> Dashboard:
         "The run's GPUs",
         timeseries(
             "GPU activity of the run",
-            "SM activity and busy % of the GPUs the agent attributed to this run (gpu points tagged run).",
+            "SM activity and busy % of the GPUs the agent attributed to this run (gpu points tagged run). "
+            "Click a line to open that GPU on the Node dashboard over the same time range.",
             Query(
                 'SELECT mean("sm_active_pct") AS "SM activity", mean("util_gpu_pct") AS "busy" FROM "gpu" '
-                'WHERE "run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/ AND $timeFilter GROUP BY time($__interval), "host", "gpu" fill(none)',
+                'WHERE "run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/ AND $timeFilter '
+                'GROUP BY time($__interval), "host", "gpu" fill(none)',
+                PERCENT,
                 "$tag_host GPU $tag_gpu $col",
             ),
-            unit="percent",
             min=0,
             max=100,
+            links=(node.link_to_gpu(),),
         ),
         table(
             "Run",
@@ -204,6 +339,7 @@ def build() -> Dashboard:
                 'WHERE "run" =~ /^${run:regex}$/ AND "rank" = \'0\'',
                 table=True,
             ),
+            columns=(Column("steps", COUNT), Column("duration_s", SECONDS)),
             width=12,
         ),
     )

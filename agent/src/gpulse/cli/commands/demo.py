@@ -181,7 +181,7 @@ def _print_links(args: argparse.Namespace, tl, run_id: str) -> None:
     width = max(len(d.title) for d in dashboards())
     for d in dashboards():
         params = dict(window)
-        if any(v["name"] == "run" for v in d.variables):
+        if any(v.name == "run" for v in d.variables):
             params["var-run"] = run_id
         if d.time_from.startswith("now-") and d.time_from[-1] in "dwy":
             params = {}  # the History dashboard: its own long range reads best

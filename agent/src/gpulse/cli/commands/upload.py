@@ -53,6 +53,7 @@ class _Checked:
         self.valid = 0
         self.bad: list[tuple[str, int, str]] = []
         self.stop = False
+        self.times: list[int] = []  # oldest and newest timestamp of the valid lines (gpulse recompute advice)
 
     def __iter__(self) -> Iterator[str]:
         from gpulse.channel.validate import check_line_point
@@ -68,6 +69,8 @@ class _Checked:
                     self.bad.append((path, lineno, why))
                     continue
                 self.valid += 1
+                if p.ts is not None:
+                    self.times = [min(self.times[0], p.ts), max(self.times[1], p.ts)] if self.times else [p.ts, p.ts]
                 yield raw if raw.endswith("\n") else raw + "\n"
 
 
@@ -103,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpulse.cli.commands.report import connection_from
     from gpulse.delivery.oneshot import DeliveryResult, deliver_batches
+    from gpulse.influx.downsample import lookback_advice
     from gpulse.influx.server import Problem, ServerProblem, probe_connection
     from gpulse.sinks.factory import build_sinks
     from gpulse.sinks.influx import InfluxSink
@@ -152,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     _summary(args, conn, written=res.written, skipped=len(checked.bad), rejected=res.rejected, failed=failed)
+    advice = lookback_advice(*checked.times, conn) if res.written and checked.times else None
+    if advice:  # older than what the tasks/continuous queries re-aggregate by themselves
+        print(f"gpulse upload: {advice}")
     if res.rejected or failed:
         return 1
     return 3 if checked.bad else 0

@@ -16,7 +16,16 @@ from gpulse.influx.downsample import RAW, RAW_RETENTION, TIERS, parse_duration
 from gpulse.influx.http import HttpClient, TransportError
 from gpulse.influx.server import ServerInfo
 
-__all__ = ["ServerInfo", "SetupError", "SetupReport", "check_health", "influx_duration", "probe", "retentions"]
+__all__ = [
+    "ServerInfo",
+    "SetupError",
+    "SetupReport",
+    "check_health",
+    "influx_duration",
+    "probe",
+    "retentions",
+    "shard_group_seconds",
+]
 
 
 class SetupError(Exception):
@@ -57,6 +66,25 @@ def retentions(raw: str = RAW_RETENTION, minute: str | None = None) -> dict[str,
     if secs[RAW] and secs[RAW] < 3600:
         raise SetupError(f"raw retention {raw!r} is shorter than an hour; the downsampling needs the raw points longer")
     return secs
+
+
+def shard_group_seconds(retention_s: int) -> int:
+    """The shard-group duration InfluxDB gives a retention it creates (0 = forever).
+
+    The same rule in 1.x and 2.9 (``shardGroupDuration`` in ``v1/services/meta/data.go``; the 2.x
+    bucket service applies it through ``meta.NormalisedShardDuration``, ``storage/bucket_service.go``).
+    A retention changed later keeps its old shard-group duration unless one is given, and a
+    retention shorter than it is refused (1.x: "retention policy duration must be greater than the
+    shard duration"; 2.9: 422 "shard-group duration must also be updated to be smaller than new
+    retention duration", ``storage/engine.go`` ``UpdateBucketRetentionPolicy``): setup sends this
+    value with every retention it changes, so a bucket ends as it would have been created.
+    """
+    day = 86400
+    if retention_s == 0 or retention_s >= 180 * day:
+        return 7 * day
+    if retention_s >= 2 * day:
+        return day
+    return 3600
 
 
 def influx_duration(seconds: int) -> str:

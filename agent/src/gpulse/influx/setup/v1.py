@@ -22,7 +22,14 @@ from gpulse.influx.downsample import (
 )
 from gpulse.influx.query import InfluxQL, QueryError, quote_ident
 from gpulse.influx.server import refused_credentials
-from gpulse.influx.setup.common import SetupError, SetupReport, influx_duration, probe, retentions
+from gpulse.influx.setup.common import (
+    SetupError,
+    SetupReport,
+    influx_duration,
+    probe,
+    retentions,
+    shard_group_seconds,
+)
 
 _MANAGED_CQ = re.compile("gpulse_(" + "|".join(re.escape(t.name) for t in TIERS) + ")_")
 
@@ -72,8 +79,11 @@ def setup_v1(conn: Connection, *, raw_retention: str = "30d", minute_retention: 
             _run(ql, f"CREATE RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {spec}", f"create {what}")
             report.add("created", what)
         elif _rp_seconds(cur["duration"]) != secs[rp] or (default and not cur["default"]):
-            alter = f"DURATION {duration}" + (" DEFAULT" if default else "")
-            _run(ql, f"ALTER RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {alter}", f"alter {what}")
+            alter = f"DURATION {duration}" if _rp_seconds(cur["duration"]) != secs[rp] else ""
+            if alter:  # a shorter duration than the current shard duration is refused without a new one
+                alter += f" SHARD DURATION {influx_duration(shard_group_seconds(secs[rp]))}"
+            alter += " DEFAULT" if default else ""
+            _run(ql, f"ALTER RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {alter.strip()}", f"alter {what}")
             report.add("updated", what)
         else:
             report.add("unchanged", what)
@@ -109,13 +119,16 @@ def downsample_now(conn: Connection, start_ns: int, end_ns: int) -> int:
     """Run the continuous queries' ``SELECT ... INTO`` once over ``[start, end)`` (1m, then 1h); points written.
 
     Continuous queries only look back ``RESAMPLE FOR``; this fills the downsampled retention
-    policies for older data at once (``gpulse demo``, backfills). Windows are widened to whole windows.
+    policies for older data at once (``gpulse recompute``, ``gpulse demo``). Windows are widened to whole windows.
     """
     ql = InfluxQL(conn)
     written = 0
-    for tier in TIERS:
-        for m in downsampled_measurements():
-            q = influxql_select(tier, m.name, conn.database, start_ns, end_ns)
-            for row in _run(ql, q, f"downsample {m.name} to {tier.name}"):
-                written += int(row.get("written") or 0)
+    try:
+        for tier in TIERS:
+            for m in downsampled_measurements():
+                q = influxql_select(tier, m.name, conn.database, start_ns, end_ns)
+                for row in _run(ql, q, f"downsample {m.name} to {tier.name}"):
+                    written += int(row.get("written") or 0)
+    finally:
+        ql.close()
     return written

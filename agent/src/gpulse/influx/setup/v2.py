@@ -1,4 +1,4 @@
-"""`gpulse setup` on InfluxDB 2.x (and Cloud), through influxdb-client's APIs.
+"""`gpulse setup` on InfluxDB 2.x (and Cloud), through gpulse's one HTTP client (:mod:`gpulse.influx.http`).
 
 Creates, or brings up to date, in the given org:
 
@@ -9,88 +9,159 @@ Creates, or brings up to date, in the given org:
 * a read-only token for Grafana (read on the three buckets), written to ``--grafana-token-file``
   only when that file is missing, empty or holds a token that no longer works.
 
-Every step reads first and writes only on a difference, so a second run makes no change.
+Every step reads first and writes only on a difference, so a second run makes no change. What the
+server answers is InfluxDB 2.9's code, not its OpenAPI contract: each call below says where its
+code decides (``influxdata/influxdb`` at v2.9.1).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gpulse.influx.connection import Connection
 from gpulse.influx.downsample import RAW, TIERS, bucket_name, flux_query, flux_task, task_name
-from gpulse.influx.setup.common import SetupError, SetupReport, check_health, influx_duration, probe, retentions
+from gpulse.influx.http import HttpClient, HTTPStatusError, TransportError, token_auth
+from gpulse.influx.server import refused_credentials
+from gpulse.influx.setup.common import (
+    SetupError,
+    SetupReport,
+    check_health,
+    influx_duration,
+    probe,
+    retentions,
+    shard_group_seconds,
+)
 
 log = logging.getLogger("gpulse.setup")
-T = TypeVar("T")
 
 #: Description that marks the authorizations gpulse setup manages (the Grafana read-only token).
 GRAFANA_TOKEN_DESCRIPTION = "gpulse: Grafana read-only (managed by gpulse setup)"
 TASK_DESCRIPTION = "gpulse downsampling, generated from gpulse.schema (managed by gpulse setup)"
+#: A recompute query aggregates a day of raw points of every node: far more than an admin call's deadline.
+QUERY_TIMEOUT_S = 600.0
 
 
-def _client(conn: Connection, token: str | None = None) -> Any:
-    from influxdb_client import InfluxDBClient
-
-    return InfluxDBClient(
-        url=conn.url, token=conn.token if token is None else token, org=conn.org, timeout=int(conn.timeout_s * 1000)
-    )
-
-
-def _call(conn: Connection, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run one API call; turn HTTP and connection failures into a :class:`SetupError` that says what to do."""
-    from influxdb_client.rest import ApiException
-    from urllib3.exceptions import HTTPError as Urllib3Error
-
-    try:
-        return fn(*args, **kwargs)
-    except ApiException as e:
-        raise _api_error(conn, what, e) from None
-    except (Urllib3Error, OSError) as e:
-        raise SetupError(f"cannot reach {conn.url} to {what}: {e}") from None
+# -- the objects setup reads, as typed records -------------------------------------------------------
+@dataclass(frozen=True)
+class Org:
+    id: str
+    name: str
 
 
-def _api_error(conn: Connection, what: str, e: Any) -> SetupError:
-    message = _server_message(e)
-    if e.status == 401:
-        return SetupError(
-            f"InfluxDB at {conn.url} refused the token from {conn.token_source or 'nowhere'} while trying to {what} "
-            f"(401 {message}): use the operator (admin) token, e.g. --token-file secrets/influxdb-admin-token"
+@dataclass(frozen=True)
+class Bucket:
+    id: str
+    name: str
+    retention_s: int  # 0 = forever
+    shard_group_s: int
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Bucket:
+        """``tenant/http_server_bucket.go`` ``newBucket``: one ``expire`` rule (none for old infinite buckets)."""
+        rules = [r for r in doc.get("retentionRules") or [] if (r.get("type") or "expire") == "expire"]
+        rule = rules[0] if rules else {}
+        return cls(
+            doc["id"], doc["name"], int(rule.get("everySeconds") or 0), int(rule.get("shardGroupDurationSeconds") or 0)
         )
-    if e.status == 403:
-        return SetupError(f"the token lacks the permission to {what} (403 {message}): use an all-access token")
-    return SetupError(f"cannot {what}: HTTP {e.status} {message}")
 
 
-def _server_message(e: Any) -> str:
-    import json
+@dataclass(frozen=True)
+class Mapping:
+    id: str
+    database: str
+    rp: str
+    bucket_id: str
+    default: bool
+    virtual: bool
 
-    try:
-        body = json.loads(e.body or "{}")
-        return str(body.get("message") or body.get("code") or "")
-    except (ValueError, TypeError, AttributeError):
-        return str(e.reason or "")
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Mapping:
+        return cls(
+            doc["id"], doc["database"], doc["retention_policy"], doc["bucketID"], bool(doc.get("default")),
+            bool(doc.get("virtual")),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    name: str
+    flux: str
+    status: str
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Task:
+        return cls(doc["id"], doc["name"], doc.get("flux") or "", doc.get("status") or "")
+
+
+# -- the calls ---------------------------------------------------------------------------------------
+class AdminAPI:
+    """The management API with one token; a refusal becomes a :class:`SetupError` that says what to do."""
+
+    def __init__(self, conn: Connection, token: str | None = None) -> None:
+        self.conn = conn
+        token = conn.token if token is None else token
+        self.http = HttpClient(
+            conn.url or "", authorization=token_auth(token), timeout_s=conn.timeout_s, verify_tls=conn.verify_ssl
+        )
+
+    def __enter__(self) -> AdminAPI:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def call(self, method: str, path: str, what: str, *, params: dict[str, str] | None = None, json: Any = None) -> Any:
+        try:
+            return self.http.call(method, path, params=params, json=json)
+        except HTTPStatusError as e:
+            raise self.refusal(what, e.status, e.response.message()) from None
+        except TransportError as e:
+            raise SetupError(f"cannot reach {self.conn.url} to {what}: {e.detail}") from None
+
+    def refusal(self, what: str, status: int, message: str) -> SetupError:
+        if status == 401:
+            return SetupError(
+                f"{refused_credentials(self.conn, 401).detail} while trying to {what} (401 {message}): use the "
+                "operator (admin) token, e.g. --token-file secrets/influxdb-admin-token"
+            )
+        if status == 403:
+            return SetupError(f"the token lacks the permission to {what} (403 {message}): use an all-access token")
+        return SetupError(f"cannot {what}: HTTP {status} {message}")
+
+    def find_bucket(self, org: Org, name: str) -> Bucket | None:
+        """The bucket ``name``, or None: 2.9 answers a name that does not exist with 404 ``bucket "N" not
+        found`` (``tenant/service_bucket.go`` FindBuckets -> ``GetBucketByName``), one this token may not
+        read with an empty list (``tenant/middleware_bucket_auth.go``)."""
+        try:
+            doc = self.http.call("GET", "/api/v2/buckets", params={"orgID": org.id, "name": name})
+        except HTTPStatusError as e:
+            if e.status == 404:
+                return None
+            raise self.refusal(f"look up bucket {name}", e.status, e.response.message()) from None
+        except TransportError as e:
+            raise SetupError(f"cannot reach {self.conn.url} to look up bucket {name}: {e.detail}") from None
+        found = [Bucket.from_json(b) for b in doc.get("buckets") or [] if b.get("name") == name]
+        return found[0] if found else None
 
 
 def check_server(conn: Connection) -> str:
     """InfluxDB 2.x (or newer) that is healthy and onboarded; returns its version."""
     info = probe(conn.url or "", conn.timeout_s)
-    if info.version.startswith("1."):
-        raise SetupError(
-            f"{conn.url} is InfluxDB {info.version}: use --api v1 (with --token-file holding user:password)"
-        )
+    wrong = info.mismatch("v2", admin=True)
+    if wrong is not None:
+        raise SetupError(str(wrong))
     check_health(conn.url or "", conn.timeout_s)
     if not conn.token:
         raise SetupError(
             "InfluxDB 2.x needs an API token: --token-file FILE (the compose stack's is secrets/influxdb-admin-token)"
         )
-    from influxdb_client.service.setup_service import SetupService
-
-    with _client(conn) as client:
-        allowed = _call(conn, "check onboarding", SetupService(client.api_client).get_setup).allowed
+    with AdminAPI(conn) as api:  # GET /api/v2/setup needs no token (http/platform_handler.go)
+        allowed = api.call("GET", "/api/v2/setup", "check onboarding").get("allowed")
     if allowed:
         raise SetupError(
             f"InfluxDB at {conn.url} has not been set up yet (no user, org or token): run `influx setup` "
@@ -99,108 +170,109 @@ def check_server(conn: Connection) -> str:
     return info.version
 
 
-def find_org(conn: Connection, client: Any) -> Any:
-    from influxdb_client.rest import ApiException
-
-    orgs_api = client.organizations_api()
+def find_org(conn: Connection, api: AdminAPI) -> Org:
     try:
-        orgs = orgs_api.find_organizations(org=conn.org)
-    except ApiException as e:
-        if e.status != 404:  # 2.x answers 404 for an unknown org name
-            raise _api_error(conn, f"find org {conn.org!r}", e) from None
+        orgs = api.http.call("GET", "/api/v2/orgs", params={"org": conn.org}).get("orgs") or []
+    except HTTPStatusError as e:
+        if e.status != 404:  # an unknown org name is 404 (tenant/error_org.go OrgNotFoundByName)
+            raise api.refusal(f"find org {conn.org!r}", e.status, e.response.message()) from None
         orgs = []
-    if not orgs:
-        visible = [o.name for o in _call(conn, "list orgs", orgs_api.find_organizations)]
-        hint = f"orgs this token sees: {', '.join(visible)}" if visible else "this token sees no org"
-        raise SetupError(f"org {conn.org!r} does not exist on {conn.url} ({hint}); pass --org")
-    return orgs[0]
-
-
-def _retention_seconds(bucket: Any) -> int:
-    rules = [r for r in (bucket.retention_rules or []) if (r.type or "expire") == "expire"]
-    return int(rules[0].every_seconds or 0) if rules else 0
+    except TransportError as e:
+        raise SetupError(f"cannot reach {conn.url} to find org {conn.org!r}: {e.detail}") from None
+    if orgs:
+        return Org(orgs[0]["id"], orgs[0]["name"])
+    visible = [o["name"] for o in api.call("GET", "/api/v2/orgs", "list orgs").get("orgs") or []]
+    if not visible:  # 2.9 leaves out the orgs a token may not read (authorizer.AuthorizeFindOrganizations)
+        raise SetupError(
+            f"the token from {conn.token_source or 'nowhere'} sees no org on {conn.url}: it lacks read permission "
+            "on orgs; use the operator (admin) token, e.g. --token-file secrets/influxdb-admin-token"
+        )
+    raise SetupError(
+        f"org {conn.org!r} does not exist on {conn.url} (orgs this token sees: {', '.join(visible)}); pass --org"
+    )
 
 
 def ensure_buckets(
-    conn: Connection, client: Any, org: Any, secs: dict[str, int], report: SetupReport
-) -> dict[str, Any]:
-    from influxdb_client import BucketRetentionRules
-
-    api = client.buckets_api()
+    conn: Connection, api: AdminAPI, org: Org, secs: dict[str, int], report: SetupReport
+) -> dict[str, Bucket]:
     out = {}
     for tier in (RAW, *(t.name for t in TIERS)):
         name, want = bucket_name(conn.bucket, tier), secs[tier]
-        rules = [BucketRetentionRules(type="expire", every_seconds=want)] if want else []
         what = f"bucket {name} (retention {influx_duration(want)})"
-        found = _call(conn, f"look up bucket {name}", api.find_buckets, org_id=org.id, name=name).buckets or []
-        found = [b for b in found if b.name == name]
-        if not found:
-            out[tier] = _call(
-                conn, f"create bucket {name}", api.create_bucket,
-                bucket_name=name, retention_rules=rules, org=org, description=f"gpulse {tier} (managed by gpulse setup)",
-            )  # fmt: skip
+        bucket = api.find_bucket(org, name)
+        if bucket is None:
+            body = {
+                "orgID": org.id,
+                "name": name,
+                "description": f"gpulse {tier} (managed by gpulse setup)",
+                "retentionRules": [{"type": "expire", "everySeconds": want}] if want else [],
+            }
+            out[tier] = Bucket.from_json(api.call("POST", "/api/v2/buckets", f"create bucket {name}", json=body))
             report.add("created", what)
-            continue
-        bucket = found[0]
-        if _retention_seconds(bucket) != want:
-            bucket.retention_rules = rules or [BucketRetentionRules(type="expire", every_seconds=0)]
-            bucket = _call(conn, f"update bucket {name}", api.update_bucket, bucket)
+        elif bucket.retention_s != want:
+            # With the shard-group duration a new bucket of this retention gets: 2.9 refuses (422) a
+            # retention shorter than the current shard groups otherwise (storage/engine.go
+            # UpdateBucketRetentionPolicy), and an empty rule list would change nothing (bucketUpdate).
+            rule = {"type": "expire", "everySeconds": want, "shardGroupDurationSeconds": shard_group_seconds(want)}
+            doc = api.call(
+                "PATCH", f"/api/v2/buckets/{bucket.id}", f"update bucket {name}", json={"retentionRules": [rule]}
+            )
+            out[tier] = Bucket.from_json(doc)
             report.add("updated", what)
         else:
+            out[tier] = bucket
             report.add("unchanged", what)
-        out[tier] = bucket
     return out
 
 
-def ensure_dbrps(conn: Connection, client: Any, org: Any, buckets: dict[str, Any], report: SetupReport) -> None:
-    from influxdb_client import DBRPCreate, DBRPUpdate
-    from influxdb_client.service.dbr_ps_service import DBRPsService
-
-    svc = DBRPsService(client.api_client)
+def ensure_dbrps(conn: Connection, api: AdminAPI, org: Org, buckets: dict[str, Bucket], report: SetupReport) -> None:
     db = conn.bucket
-    existing = _call(conn, "list DBRP mappings", svc.get_dbr_ps, org_id=org.id, db=db).content or []
-    # Virtual mappings (one per bucket, rp "autogen") are synthesised by the server; only real ones count.
-    by_rp = {d.retention_policy: d for d in existing if not getattr(d, "virtual", False) and d.database == db}
+    listed = api.call("GET", "/api/v2/dbrps", "list DBRP mappings", params={"orgID": org.id, "db": db})
+    # Virtual mappings (one per bucket, rp "autogen") are made up by the server; only real ones count.
+    by_rp = {m.rp: m for m in map(Mapping.from_json, listed.get("content") or []) if not m.virtual and m.database == db}
     for rp, bucket in buckets.items():
         default = rp == RAW
         what = f"DBRP {db}/{rp} -> {bucket.name}{' (default)' if default else ''}"
         cur = by_rp.get(rp)
         if cur is not None and cur.bucket_id != bucket.id:
-            _call(conn, f"delete stale DBRP {db}/{rp}", svc.delete_dbrpid, cur.id, org_id=org.id)
+            api.call("DELETE", f"/api/v2/dbrps/{cur.id}", f"delete stale DBRP {db}/{rp}", params={"orgID": org.id})
             cur = None
             report.add("deleted", f"DBRP {db}/{rp} (pointed at another bucket)")
         if cur is None:
-            body = DBRPCreate(org_id=org.id, bucket_id=bucket.id, database=db, retention_policy=rp, default=default)
-            _call(conn, f"create {what}", svc.post_dbrp, body)
+            body = {"orgID": org.id, "bucketID": bucket.id, "database": db, "retention_policy": rp, "default": default}
+            api.call("POST", "/api/v2/dbrps", f"create {what}", json=body)
             report.add("created", what)
-        elif bool(cur.default) != default:
-            _call(conn, f"update {what}", svc.patch_dbrpid, cur.id, DBRPUpdate(default=default), org_id=org.id)
+        elif default and not cur.default:
+            # Only ever set the default: 2.9 takes it from the other mappings of the database, while
+            # unsetting one hands it to whichever mapping comes first (dbrp/service.go Update).
+            api.call(
+                "PATCH", f"/api/v2/dbrps/{cur.id}", f"update {what}", params={"orgID": org.id}, json={"default": True}
+            )
             report.add("updated", what)
         else:
             report.add("unchanged", what)
 
 
-def ensure_tasks(conn: Connection, client: Any, org: Any, report: SetupReport) -> dict[str, Any]:
-    from influxdb_client import TaskCreateRequest, TaskUpdateRequest
-
-    api = client.tasks_api()
+def ensure_tasks(conn: Connection, api: AdminAPI, org: Org, report: SetupReport) -> dict[str, Task]:
     out = {}
     for tier in TIERS:
         name, flux = task_name(tier), flux_task(tier, conn.bucket)
-        found = [
-            t for t in _call(conn, f"look up task {name}", api.find_tasks, name=name, org_id=org.id) if t.name == name
-        ]
+        # A name filter with the org matches before the page is cut (kv/task.go findTasksByOrg).
+        listed = api.call("GET", "/api/v2/tasks", f"look up task {name}", params={"orgID": org.id, "name": name})
+        found = [t for t in map(Task.from_json, listed.get("tasks") or []) if t.name == name]
         if len(found) > 1:
             log.warning(
                 "%d tasks are named %s; updating the first (%s), delete the others", len(found), name, found[0].id
             )
         if not found:
-            body = TaskCreateRequest(org_id=org.id, flux=flux, status="active", description=TASK_DESCRIPTION)
-            out[name] = _call(conn, f"create task {name}", api.create_task, task_create_request=body)
+            body = {"orgID": org.id, "flux": flux, "status": "active", "description": TASK_DESCRIPTION}
+            out[name] = Task.from_json(api.call("POST", "/api/v2/tasks", f"create task {name}", json=body))
             report.add("created", f"task {name}")
-        elif (found[0].flux or "").strip() != flux.strip() or found[0].status != "active":
-            body = TaskUpdateRequest(flux=flux, status="active")
-            out[name] = _call(conn, f"update task {name}", api.update_task_request, found[0].id, body)
+        elif found[0].flux.strip() != flux.strip() or found[0].status != "active":
+            doc = api.call(
+                "PATCH", f"/api/v2/tasks/{found[0].id}", f"update task {name}", json={"flux": flux, "status": "active"}
+            )
+            out[name] = Task.from_json(doc)
             report.add("updated", f"task {name}")
         else:
             out[name] = found[0]
@@ -208,25 +280,29 @@ def ensure_tasks(conn: Connection, client: Any, org: Any, report: SetupReport) -
     return out
 
 
-def _token_reads(conn: Connection, token: str, org: Any, names: list[str]) -> bool:
-    """Does ``token`` work and read every one of ``names``? (With hashed tokens this is the only way to tell.)"""
-    from influxdb_client.rest import ApiException
+def _token_reads(conn: Connection, token: str, org: Org, names: list[str]) -> bool:
+    """Does ``token`` work and read every one of ``names``? (With hashed tokens this is the only way to tell.)
 
-    with _client(conn, token) as c:
-        try:
-            seen = {b.name for b in c.buckets_api().find_buckets(org_id=org.id, limit=100).buckets or []}
-        except ApiException as e:
-            if e.status in (401, 403):
-                return False
-            raise SetupError(f"cannot check the Grafana token: HTTP {e.status} {_server_message(e)}") from None
-    return set(names) <= seen
+    One name lookup per bucket: 2.9 pages a bucket list before it filters it by permission
+    (``tenant/middleware_bucket_auth.go`` FindBuckets), so in an org with many buckets a listed page
+    need not hold the buckets this token reads. A lookup answers the bucket when the token reads it,
+    an empty list when it may not, 401 when the token is unknown.
+    """
+    with AdminAPI(conn, token) as api:
+        for name in names:
+            try:
+                if api.find_bucket(org, name) is None:
+                    return False
+            except SetupError as e:
+                if "(401 " in str(e) or "(403 " in str(e):
+                    return False
+                raise SetupError(f"cannot check the Grafana token: {e}") from None
+    return True
 
 
 def ensure_grafana_token(
-    conn: Connection, client: Any, org: Any, buckets: dict[str, Any], token_file: str | None, report: SetupReport
+    conn: Connection, api: AdminAPI, org: Org, buckets: dict[str, Bucket], token_file: str | None, report: SetupReport
 ) -> None:
-    from influxdb_client import Authorization, Permission, PermissionResource
-
     if not token_file:
         report.add("unchanged", "Grafana token (no --grafana-token-file given)")
         return
@@ -236,25 +312,21 @@ def ensure_grafana_token(
     if current and _token_reads(conn, current, org, names):
         report.add("unchanged", f"Grafana read-only token in {path}")
         return
-    api = client.authorizations_api()
-    stale = [
-        a for a in _call(conn, "list authorizations", api.find_authorizations, org_id=org.id)
-        if a.description == GRAFANA_TOKEN_DESCRIPTION
-    ]  # fmt: skip
+    listed = api.call("GET", "/api/v2/authorizations", "list authorizations", params={"orgID": org.id})
+    stale = [a["id"] for a in listed.get("authorizations") or [] if a.get("description") == GRAFANA_TOKEN_DESCRIPTION]
     permissions = [
-        Permission(action="read", resource=PermissionResource(type="buckets", id=b.id, org_id=org.id))
-        for b in buckets.values()
+        {"action": "read", "resource": {"type": "buckets", "id": b.id, "orgID": org.id}} for b in buckets.values()
     ]
-    auth = Authorization(org_id=org.id, permissions=permissions, description=GRAFANA_TOKEN_DESCRIPTION)
-    created = _call(conn, "create the Grafana read-only token", api.create_authorization, authorization=auth)
-    if not created.token:
+    body = {"orgID": org.id, "permissions": permissions, "description": GRAFANA_TOKEN_DESCRIPTION}
+    created = api.call("POST", "/api/v2/authorizations", "create the Grafana read-only token", json=body)
+    if not created.get("token"):
         raise SetupError("InfluxDB created the Grafana authorization but returned no token")
-    write_secret(path, created.token)
+    write_secret(path, created["token"])
     report.add("created", f"Grafana read-only token (read on {', '.join(names)}) in {path}")
     # The file held the only copy of the old tokens (2.9 stores hashes), so they can never be used again.
-    for a in stale:
-        _call(conn, "delete the previous Grafana token", api.delete_authorization, a)
-        report.add("deleted", f"previous Grafana token {a.id}")
+    for auth_id in stale:
+        api.call("DELETE", f"/api/v2/authorizations/{auth_id}", "delete the previous Grafana token")
+        report.add("deleted", f"previous Grafana token {auth_id}")
 
 
 def write_secret(path: Path, value: str) -> None:
@@ -279,27 +351,35 @@ def setup_v2(
     secs = retentions(raw_retention, minute_retention)
     check_server(conn)
     report = SetupReport()
-    with _client(conn) as client:
-        org = find_org(conn, client)
-        buckets = ensure_buckets(conn, client, org, secs, report)
-        ensure_dbrps(conn, client, org, buckets, report)
-        ensure_tasks(conn, client, org, report)
-        ensure_grafana_token(conn, client, org, buckets, grafana_token_file, report)
+    with AdminAPI(conn) as api:
+        org = find_org(conn, api)
+        buckets = ensure_buckets(conn, api, org, secs, report)
+        ensure_dbrps(conn, api, org, buckets, report)
+        ensure_tasks(conn, api, org, report)
+        ensure_grafana_token(conn, api, org, buckets, grafana_token_file, report)
     return report
 
 
 def downsample_now(conn: Connection, start_ns: int, end_ns: int) -> list[str]:
     """Run the tasks' aggregation once over ``[start, end)`` (1m, then 1h) through the query API.
 
-    A task run (``POST /api/v2/tasks/{id}/runs``) only covers the time since its last success, so
-    a backfill (``gpulse demo``, data replayed late) runs the same pipeline with a fixed range instead.
-    Returns the Flux scripts it ran.
+    A task run only covers its look-back (:mod:`gpulse.influx.downsample`), so a backfill (``gpulse
+    recompute``, ``gpulse demo``) runs the same pipelines with a fixed range instead. The pipelines end
+    in ``to()``, so the answer holds no tables. Returns the Flux scripts it ran.
     """
     ran = []
-    with _client(conn) as client:
-        api = client.query_api()
+    with AdminAPI(conn) as api:
         for tier in TIERS:
             flux = flux_query(tier, conn.bucket, start_ns, end_ns)
-            _call(conn, f"downsample to {bucket_name(conn.bucket, tier.name)}", api.query_raw, flux, org=conn.org)
+            what = f"downsample to {bucket_name(conn.bucket, tier.name)}"
+            try:
+                r = api.http.request(
+                    "POST", "/api/v2/query", params={"org": conn.org}, json={"query": flux, "type": "flux"},
+                    timeout_s=QUERY_TIMEOUT_S,
+                )  # fmt: skip
+            except TransportError as e:
+                raise SetupError(f"cannot reach {conn.url} to {what}: {e.detail}") from None
+            if not r.ok:
+                raise api.refusal(what, r.status, r.message())
             ran.append(flux)
     return ran

@@ -34,7 +34,14 @@ from gpulse.sources.nvml import errors as E
 from gpulse.sources.nvml.events import EventWatcher
 from gpulse.sources.nvml.fields import NVLINK_ACTIVE, field_results
 from gpulse.sources.nvml.mig import MigPlan
-from gpulse.sources.nvml.probe import GpuPlan, mig_info_fields, probe_gpu, system_info
+from gpulse.sources.nvml.probe import (
+    PROCESS_ACCESS_ADVICE,
+    GpuPlan,
+    ProcessAccess,
+    mig_info_fields,
+    probe_gpu,
+    system_info,
+)
 from gpulse.sources.nvml.procs import ProcessSampler
 from gpulse.sources.nvml.window import FIELDS as WINDOW_FIELDS
 from gpulse.sources.nvml.window import WindowReader
@@ -414,6 +421,8 @@ class NvmlSource(GpuSource):
             try:
                 plan = probe_gpu(nv, i, system, want_gpm=self.gpm_enabled, gpm_clock=self._clock)
                 plans.append(plan)
+                if plan.process_access is ProcessAccess.NO_PERMISSION:
+                    log.warning("GPU %d: %s", i, PROCESS_ACCESS_ADVICE[plan.process_access.value])
                 for code in plan.probe_errors:
                     self._count(code)
             except E.nvml_errors(nv) as e:

@@ -10,8 +10,8 @@ releases the GIL while the driver waits, so the wait costs the agent no CPU.
 
 Unit: the reference says "throughput in KB/s"; whether K is 1000 or 1024 is not stated anywhere
 public (nvidia-smi prints "KB/s"; nvitop multiplies by 1024; DCGM's field doc says "in KB").
-``PCIE_KB`` keeps 1024 (KiB, as nvitop); ``make gpu-check`` measures the ratio against the byte
-counters on a real GPU and reports it.
+``PCIE_KB`` keeps 1024 (KiB, as nvitop); ``make gpu-check`` measures the ratio against the PCIe
+byte counter during host-to-device copies on a real GPU (``pcie_kb`` in its summary).
 """
 
 from __future__ import annotations
