@@ -249,7 +249,7 @@ class Run:
         return {
             "steps_sent": self.steps_sent,
             "steps_not_kept": self.steps.not_kept,
-            "errors": dict(self.guard.counts),
+            "errors": self._errors(),
             "sent": c.sent if c else 0,
             "acked": c.acked if c else 0,
             "recorded": c.recorded if c else 0,
@@ -262,6 +262,13 @@ class Run:
         return self.worker.steps_sent if self.worker is not None else 0
 
     # -- inside ---------------------------------------------------------------------------------------
+    def _errors(self) -> dict[str, int]:
+        """The Guard's counts by cause, with the steps the queue could not take (counted apart)."""
+        errors = dict(self.guard.counts)
+        if self.steps.not_kept:
+            errors["queue_full"] = errors.get("queue_full", 1) - 1 + self.steps.not_kept
+        return errors
+
     def _step_failed(self, et: type, exc: BaseException | None) -> None:
         if et.__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):
             self.mark("oom", text=str(exc)[:500])
@@ -277,7 +284,7 @@ class Run:
 
     def _end_fields(self, status: str) -> dict[str, Any]:
         """``train_run`` end: what the run did, and gpulse's own errors (``config.gpulse``)."""
-        diagnostics = {"errors": dict(self.guard.counts), **self.mfu.describe()}
+        diagnostics = {"errors": self._errors(), **self.mfu.describe()}
         fields = self._lifecycle("end", status, {**self.config, "gpulse": diagnostics})
         fields.update(
             gpus=",".join(self.worker.uuids),
@@ -288,15 +295,19 @@ class Run:
         return fields
 
     def _say_what_was_lost(self) -> None:
-        """One line at the end when steps or points were kept nowhere (the counts are in :meth:`stats`)."""
-        not_kept, dropped = self.steps.not_kept, self.client.dropped
-        if not_kept or dropped:
-            total = self.worker.steps_sent + not_kept
-            logging.getLogger(LOGGER_NAME).warning(
-                "gpulse: run %s: %d of %d steps were not kept (steps came faster than gpulse could send them: "
-                "more than max_queue=%d waiting) and %d points could not be recorded; the rest is in the "
-                "agent or in %s",
-                self.run_id, not_kept, total, self.steps.max_queue, dropped, self.client.record_path,
+        """One line at the end for each way steps or points were kept nowhere (the counts are in :meth:`stats`)."""
+        log = logging.getLogger(LOGGER_NAME)
+        if self.steps.not_kept:
+            log.warning(
+                "gpulse: run %s: %d of %d steps were not kept: they came faster than they could be sent "
+                "(more than max_queue=%d waiting); the others are in the agent or in %s",
+                self.run_id, self.steps.not_kept, self.worker.steps_sent + self.steps.not_kept,
+                self.steps.max_queue, self.client.record_path,
+            )  # fmt: skip
+        if self.client.dropped:
+            log.warning(
+                "gpulse: run %s: %d points were neither acknowledged by an agent nor recorded to %s (see record_write)",
+                self.run_id, self.client.dropped, self.client.record_path,
             )  # fmt: skip
 
     def _atexit(self) -> None:

@@ -245,7 +245,9 @@ class StepRecorder:
                 self.cuda.copy_logs(logs)
         if len(self.queue) >= self.max_queue:
             self.not_kept += 1
-            self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; step not kept")
+            if self.not_kept == 1:  # logged once, counted here: the Guard's lock, taken per step, would
+                # make the training thread wait for the worker whenever the worker holds it
+                self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; steps not kept")
             return
         self.queue.append(rec)
 
