@@ -30,7 +30,7 @@ from gpulse.training.client import Client
 from gpulse.training.errors import LOGGER_NAME, Guard
 from gpulse.training.identity import dist_identity, resolve_run_id, run_tags
 from gpulse.training.mfu import Mfu
-from gpulse.training.points import PointMaker, config_json
+from gpulse.training.points import PointMaker, run_fields
 from gpulse.training.report import ReportBuffer
 from gpulse.training.step import MAX_QUEUE, StepContext, StepRecorder, TimedLoader
 from gpulse.training.worker import Worker
@@ -124,8 +124,15 @@ class Run:
             socket_group=os.environ.get(SOCKET_GROUP_ENV) or None,
         )
         self._start_ns = time.time_ns()
-        self.steps.add_point(Point("train_run", self._start_ns, self.tags, self._lifecycle("start", "running")))
-        self.steps.cuda.detect()
+        self.steps.add_point(
+            Point(
+                "train_run",
+                self._start_ns,
+                self.tags,
+                run_fields("start", "running", self.name, self.config, self._pid),
+            )
+        )
+        self.steps.check_cuda()
         points = PointMaker(self.guard, self.mfu, self.steps.cuda)
         self.worker = Worker(self.steps, self.client, points, self.report, self.tags, self.guard, tick_s)
         self.worker.start(self._pid)
@@ -273,19 +280,10 @@ class Run:
         if et.__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):
             self.mark("oom", text=str(exc)[:500])
 
-    def _lifecycle(self, event: str, status: str, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return {
-            "event": event,
-            "status": status,
-            "name": self.name[:256],
-            "config": config_json(self.config if config is None else config),
-            "pid": self._pid,
-        }
-
     def _end_fields(self, status: str) -> dict[str, Any]:
         """``train_run`` end: what the run did, and gpulse's own errors (``config.gpulse``)."""
         diagnostics = {"errors": self._errors(), **self.mfu.describe()}
-        fields = self._lifecycle("end", status, {**self.config, "gpulse": diagnostics})
+        fields = run_fields("end", status, self.name, {**self.config, "gpulse": diagnostics}, self._pid)
         fields.update(
             gpus=",".join(self.worker.uuids),
             steps=self.worker.steps_sent,

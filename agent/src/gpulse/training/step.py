@@ -187,7 +187,7 @@ class StepRecorder:
         if self.last is not None:
             self.hand_over()
         if self.step_no >= self._next_cuda_check:
-            self._check_cuda()
+            self.check_cuda()
         if self.timer is not None:
             self.pairs = []
         self.in_step = True
@@ -323,9 +323,10 @@ class StepRecorder:
         self.step_end_hooks.append(hook)
 
     # -- CUDA -------------------------------------------------------------------------------------
-    def _check_cuda(self) -> None:
+    def check_cuda(self) -> None:
+        """Use CUDA once this process has initialised it (checked at the start and every 16 steps until then)."""
         self._next_cuda_check = self.step_no + 16
-        if self.cuda.device is None and self.cuda.detect():
+        if self.cuda.device is not None or self.cuda.detect():
             self._use_cuda()
 
     def attach_cuda(self, torch: Any, device: int) -> None:
