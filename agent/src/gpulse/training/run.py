@@ -16,24 +16,20 @@ Nothing here raises into the training loop: failures are counted and logged once
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpulse.channel.protocol import RECORD_FILE, Point, client_socket_path
-from gpulse.channel.trust import SOCKET_GROUP_ENV
-from gpulse.training.client import Client
+from gpulse.channel.protocol import Point
 from gpulse.training.errors import LOGGER_NAME, Guard
-from gpulse.training.identity import dist_identity, resolve_run_id, run_tags
 from gpulse.training.mfu import Mfu
-from gpulse.training.points import PointMaker, run_fields
-from gpulse.training.report import ReportBuffer
 from gpulse.training.step import MAX_QUEUE, StepContext, StepRecorder, TimedLoader
-from gpulse.training.worker import Worker
+
+if TYPE_CHECKING:
+    from gpulse.training.worker import Worker
 
 MAX_TEXT = 4096
 
@@ -107,6 +103,15 @@ class Run:
         self, tags, run_id, model, socket_path, ack_timeout, write_report, max_report_steps, max_unacked,
         max_unacked_bytes, tick_s,
     ) -> None:  # fmt: skip
+        # imported here, not at the top: ``import gpulse.training`` stays as cheap as it can be
+        from gpulse.channel.protocol import RECORD_FILE, client_socket_path
+        from gpulse.channel.trust import SOCKET_GROUP_ENV
+        from gpulse.training.client import Client
+        from gpulse.training.identity import dist_identity, resolve_run_id, run_tags
+        from gpulse.training.points import PointMaker, run_fields
+        from gpulse.training.report import ReportBuffer
+        from gpulse.training.worker import Worker
+
         self.rank, self.local_rank, self.world_size = dist_identity()
         self.run_id = resolve_run_id(run_id, self.name, self.rank, self.world_size, self.guard)
         self.tags = run_tags(tags, self.run_id, self.rank, self.local_rank, self.world_size, self.guard)
@@ -283,6 +288,8 @@ class Run:
     def _end_fields(self, status: str) -> dict[str, Any]:
         """``train_run`` end: what the run did, and gpulse's own errors (``config.gpulse``)."""
         diagnostics = {"errors": self._errors(), **self.mfu.describe()}
+        from gpulse.training.points import run_fields
+
         fields = run_fields("end", status, self.name, {**self.config, "gpulse": diagnostics}, self._pid)
         fields.update(
             gpus=",".join(self.worker.uuids),
@@ -294,6 +301,8 @@ class Run:
 
     def _say_what_was_lost(self) -> None:
         """One line at the end for each way steps or points were kept nowhere (the counts are in :meth:`stats`)."""
+        import logging  # only now: importing it costs more than all of gpulse.training
+
         log = logging.getLogger(LOGGER_NAME)
         if self.steps.not_kept:
             log.warning(
