@@ -36,7 +36,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creates users: needs 
 #: Modules a child imports before it gives up root (it cannot read the interpreter's files after).
 PRELOAD = (
     "json, logging, socket, select, struct, errno, sys, argparse, gettext, locale, textwrap, shutil, "
-    "gpulse.training, gpulse.training.report, gpulse.channel.recording, gpulse.report.model, "
+    "gpulse.training, gpulse.training.worker, gpulse.training.identity, gpulse.training.report, "
+    "gpulse.channel.recording, gpulse.report.model, "
     "gpulse.cli.main, gpulse.cli.commands.status, gpulse.agent.status_line"
 )
 
