@@ -263,6 +263,7 @@ class Run:
             "steps_not_kept": self.steps.not_kept,
             "errors": self._errors(),
             "sent": c.sent if c else 0,
+            "datagrams": c.datagrams if c else 0,
             "acked": c.acked if c else 0,
             "recorded": c.recorded if c else 0,
             "pending": c.pending if c else 0,
