@@ -67,3 +67,20 @@ def test_an_error_reply_is_shown_as_such() -> None:
         render({"error": "status unavailable: RuntimeError"})
         == "agent answered with an error: status unavailable: RuntimeError"
     )
+
+
+def test_an_agent_too_busy_to_take_the_request_is_waited_for_then_named(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir(mode=0o700)
+    path = str(tmp_path / "run" / "agent.sock")
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as busy,
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as flood,
+    ):
+        busy.bind(path)  # never reads: its queue fills up
+        flood.connect(path)
+        flood.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            while True:
+                flood.send(b"{}")
+        with pytest.raises(AgentUnreachable, match=r"took no request within 0\.3s \(its queue is full\)"):
+            query_status(path, timeout=0.3)

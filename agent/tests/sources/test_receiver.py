@@ -267,3 +267,14 @@ def test_after_a_failed_submit_that_client_gets_no_more_acks_and_the_channel_kee
         assert other.recv() == {"v": 1, "kind": "ack", "upto": 1, "host": "n"}
     finally:
         r.close()
+
+
+def test_registrations_are_bounded_and_the_excess_is_rejected_and_acked(rx, monkeypatch):
+    monkeypatch.setattr(receiver_mod, "MAX_REGISTRATIONS", 2)
+    c = Client(rx.path)
+    c.send(*(protocol.Register(run, "0", os.getpid(), (f"GPU-{run}",), seq) for seq, run in enumerate(("r1", "r2", "r3"), 1)))  # fmt: skip
+    assert c.recv() == {"v": 1, "kind": "ack", "upto": 3, "host": "node1"}
+    assert rx.gpu_runs() == {"GPU-r1": "r1", "GPU-r2": "r2"}
+    assert rx.stats()["rejected_by_cause"] == {"too_many_registrations": 1}
+    c.send(protocol.Register("r1", "0", os.getpid(), ("GPU-x",), 4))  # one already known may change
+    assert wait_for(lambda: rx.gpu_runs() == {"GPU-x": "r1", "GPU-r2": "r2"})

@@ -10,6 +10,7 @@ holds garbage until its event completes.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -73,6 +74,8 @@ def make_fake_torch(gpu: FakeGPU) -> SimpleNamespace:
 
     props = SimpleNamespace(uuid=UUID, name="NVIDIA H100 80GB HBM3")
     cuda = SimpleNamespace(
+        is_initialized=lambda: True,
+        current_device=lambda: 0,
         Event=Event,
         memory_stats=None,
         reset_peak_memory_stats=reset_peak,
@@ -212,3 +215,20 @@ def test_the_event_pool_is_bounded(tmp_path: Path) -> None:
     assert "forward_gpu_s" in steps[0].fields
     assert all("forward_gpu_s" not in p.fields for p in steps[1:])
     assert [p.fields["step"] for p in steps] == [1, 2, 3]
+
+
+def test_a_run_created_after_cuda_was_initialised_times_the_gpu_from_the_first_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpulse never imports torch: it finds the training script's, already initialised, in ``sys.modules``."""
+    gpu = FakeGPU()
+    monkeypatch.setitem(sys.modules, "torch", make_fake_torch(gpu))
+    run = Run(name="found", output_dir=tmp_path, socket_path=str(tmp_path / "none.sock"), write_report=False)
+    one_step(run, gpu, loss=1.5)
+    with run.step():  # hands the first step (and the copy of its loss) over
+        pass
+    gpu.finish_all()
+    run.finish()
+    step = min(recorded(tmp_path / RECORD_FILE, "train_step"), key=lambda p: p.fields["step"])
+    assert step.fields["forward_gpu_s"] > 0 and step.fields["log_loss"] == 1.5 and "mem_peak_bytes" in step.fields
+    assert recorded(tmp_path / RECORD_FILE, "train_run")[-1].fields["gpus"] == f"GPU-{UUID}"

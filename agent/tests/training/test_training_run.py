@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -13,7 +15,7 @@ import pytest
 import torch
 from training_support import Agent, recorded, wait_for
 
-from gpulse.channel.protocol import RECORD_FILE
+from gpulse.channel.protocol import MAX_OPEN_FIELDS_PER_RUN, RECORD_FILE
 from gpulse.training import Run
 
 STEPS = 6
@@ -297,3 +299,34 @@ def test_the_steps_kept_for_the_report_are_bounded_and_evenly_thinned(tmp_path: 
     run.finish()
     assert [s["step"] for s in run.report.steps] == [1, 5, 9]
     assert {s["run"] for s in run.report.steps} == {run.run_id}
+
+
+def test_the_recording_and_the_report_are_private_files(agent: Agent, tmp_path: Path) -> None:
+    """Run data is the user's: 0600 like the agent's own files, also where an older file was 0644."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / RECORD_FILE).write_text("")
+    os.chmod(out / RECORD_FILE, 0o644)
+    old = os.umask(0o022)
+    try:
+        run = Run(name="private", output_dir=out, socket_path=str(tmp_path / "none.sock"))
+        train(run, steps=2, delay=0.0)
+        run.finish()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((out / RECORD_FILE).stat().st_mode) == 0o600
+    assert stat.S_IMODE((out / "metrics_report.json").stat().st_mode) == 0o600
+    assert len(recorded(out / RECORD_FILE, "train_step")) == 2
+    assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_run_logging_thousands_of_distinct_scalars_is_told_and_kept_within_the_limit(tmp_path: Path) -> None:
+    run = Run(name="many", output_dir=tmp_path, socket_path=str(tmp_path / "none.sock"), write_report=False)
+    for step in range(3):
+        with run.step():
+            pass
+        run.log(**{f"grad_norm_layer{i}": 1.0 for i in range(step * 400, step * 400 + 400)}, loss=0.5)
+    run.finish()
+    names = {k for p in recorded(tmp_path / RECORD_FILE, "train_step") for k in p.fields if k.startswith("log_")}
+    assert len(names) == MAX_OPEN_FIELDS_PER_RUN and "log_loss" in names
+    assert run.stats()["errors"]["too_many_open_fields"] == 3 * 400 + 1 - MAX_OPEN_FIELDS_PER_RUN  # one per value

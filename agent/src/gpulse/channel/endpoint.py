@@ -64,19 +64,28 @@ class AgentEndpoint:
         self.sock.connect(self.path)
         self.agent_uid = owner
 
-    def send(self, data: bytes) -> None:
-        """Send one datagram without blocking (connecting first if needed); raises what :meth:`connect` and ``send`` raise.
+    def send(self, data: bytes, wait: float = 0.0) -> None:
+        """Send one datagram (connecting first if needed); raises what :meth:`connect` and ``send`` raise.
 
-        ``BlockingIOError``: the agent's queue is full, try later. An error in :data:`GONE` means
-        the agent went away: the next send checks and connects again."""
+        ``BlockingIOError``: the agent's queue is full, try later (or wait up to ``wait`` seconds for
+        room; the training client never waits). An error in :data:`GONE` means the agent went away:
+        the next send checks and connects again."""
         if self.agent_uid is None:
             self.connect()
-        try:
-            self.sock.send(data, socket.MSG_DONTWAIT)
-        except OSError as exc:
-            if exc.errno in GONE:
-                self.agent_uid = None
-            raise
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self.sock.send(data, socket.MSG_DONTWAIT)
+                return
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                select.select([], [self.sock], [], left)  # writable once the connected agent's queue has room
+            except OSError as exc:
+                if exc.errno in GONE:
+                    self.agent_uid = None
+                raise
 
     def receive(self) -> Iterator[bytes]:
         """The datagrams waiting now that came from the agent's uid; the others are counted in ``foreign``."""

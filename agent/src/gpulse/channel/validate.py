@@ -61,7 +61,7 @@ MAX_UUID_LEN = 128
 PAST_WINDOW_NS = 30 * 86400 * 10**9
 FUTURE_WINDOW_NS = 300 * 10**9
 #: Runs whose tag sets and open-field names are remembered (least recently used forgotten first).
-MAX_RUNS = 64
+MAX_RUNS = 32
 #: Checked tag sets remembered per run (one per rank on this node, usually).
 MAX_TAG_SETS_PER_RUN = 64
 
@@ -420,3 +420,16 @@ def check_line_point(p: LinePoint) -> str | None:
         if t == "str" and len(value) > schema.MAX_STRING_LEN:
             return f"field {name!r} longer than {schema.MAX_STRING_LEN}"
     return None
+
+
+def causes_markdown() -> str:
+    """The two cause tables of ``docs/channel.md`` (``python -m gpulse.channel.validate`` prints them)."""
+    out = ["| rejected message (`rejected_by_cause`) | why |", "| --- | --- |"]
+    out += [f"| `{cause}` | {text} |" for cause, text in REJECT_CAUSES.items()]
+    out += ["", "| dropped value (`values_dropped_by_cause`) | why |", "| --- | --- |"]
+    out += [f"| `{cause}` | {text} |" for cause, text in DROP_CAUSES.items()]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(causes_markdown(), end="")

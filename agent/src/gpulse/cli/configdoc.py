@@ -28,6 +28,7 @@ ENV_DOCS = {
     "GPULSE_TOKEN_FILE": "file holding the token (same as `--token-file`)",
     "GPULSE_CONFIG": "the agent's TOML file (same as `--config`)",
     "GPULSE_SOCKET": "the agent: same as `--socket`; training processes and `gpulse status`: the agent socket to talk to",
+    "GPULSE_SOCKET_GROUP": "the agent: same as `--socket-group`; training processes and `gpulse status`: also trust an agent socket of this group",
     "GPULSE_RUN_ID": "training processes: the run id shared by every rank (else TORCHELASTIC_RUN_ID, SLURM_JOB_ID, or rank 0's)",
     "GPULSE_PEAK_FLOPS": "training processes: peak FLOP/s per device for MFU, overriding the built-in table",
     "GPULSE_GRAFANA_URL": "`gpulse demo`: the Grafana its printed links point to",

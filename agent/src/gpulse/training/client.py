@@ -71,7 +71,6 @@ class Client:
         self._retry_at = 0.0
         self.agent_absent = False
         self.acked_upto = 0
-        self.last_ack = 0.0
         # counters (read by tests and the run's summary)
         self.sent = 0
         self.acked = 0
@@ -220,7 +219,6 @@ class Client:
             self.guard.report("foreign_datagram", detail="a datagram not from the agent's user was ignored")
 
     def _ack(self, upto: int) -> None:
-        self.last_ack = time.monotonic()
         if upto <= self.acked_upto:
             return
         self.acked_upto = upto

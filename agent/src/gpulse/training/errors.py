@@ -31,6 +31,3 @@ class Guard:
                 logging.getLogger(LOGGER_NAME).warning("%s (further occurrences are only counted)", text)
             except Exception:  # logging itself failed (closed stream at exit): nothing left to do
                 pass
-
-    def total(self) -> int:
-        return sum(self.counts.values())

@@ -146,6 +146,11 @@ def finite_fields(fields: dict[str, Any], measurement: str, guard: Guard) -> dic
     return fields
 
 
+def run_fields(event: str, status: str, name: str, config: Mapping[str, Any], pid: int) -> dict[str, Any]:
+    """The ``train_run`` fields every lifecycle point has (the end point adds what the run did)."""
+    return {"event": event, "status": status, "name": name[:256], "config": config_json(config), "pid": pid}
+
+
 def config_json(config: Mapping[str, Any]) -> str:
     """A run's configuration as JSON for ``train_run.config``, cut to :data:`MAX_CONFIG` characters."""
     try:

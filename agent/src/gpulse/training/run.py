@@ -16,24 +16,20 @@ Nothing here raises into the training loop: failures are counted and logged once
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpulse.channel.protocol import RECORD_FILE, Point, client_socket_path
-from gpulse.channel.trust import SOCKET_GROUP_ENV
-from gpulse.training.client import Client
+from gpulse.channel.protocol import Point
 from gpulse.training.errors import LOGGER_NAME, Guard
-from gpulse.training.identity import dist_identity, resolve_run_id, run_tags
 from gpulse.training.mfu import Mfu
-from gpulse.training.points import PointMaker, config_json
-from gpulse.training.report import ReportBuffer
 from gpulse.training.step import MAX_QUEUE, StepContext, StepRecorder, TimedLoader
-from gpulse.training.worker import Worker
+
+if TYPE_CHECKING:
+    from gpulse.training.worker import Worker
 
 MAX_TEXT = 4096
 
@@ -107,6 +103,15 @@ class Run:
         self, tags, run_id, model, socket_path, ack_timeout, write_report, max_report_steps, max_unacked,
         max_unacked_bytes, tick_s,
     ) -> None:  # fmt: skip
+        # imported here, not at the top: ``import gpulse.training`` stays as cheap as it can be
+        from gpulse.channel.protocol import RECORD_FILE, client_socket_path
+        from gpulse.channel.trust import SOCKET_GROUP_ENV
+        from gpulse.training.client import Client
+        from gpulse.training.identity import dist_identity, resolve_run_id, run_tags
+        from gpulse.training.points import PointMaker, run_fields
+        from gpulse.training.report import ReportBuffer
+        from gpulse.training.worker import Worker
+
         self.rank, self.local_rank, self.world_size = dist_identity()
         self.run_id = resolve_run_id(run_id, self.name, self.rank, self.world_size, self.guard)
         self.tags = run_tags(tags, self.run_id, self.rank, self.local_rank, self.world_size, self.guard)
@@ -124,8 +129,15 @@ class Run:
             socket_group=os.environ.get(SOCKET_GROUP_ENV) or None,
         )
         self._start_ns = time.time_ns()
-        self.steps.add_point(Point("train_run", self._start_ns, self.tags, self._lifecycle("start", "running")))
-        self.steps.cuda.detect()
+        self.steps.add_point(
+            Point(
+                "train_run",
+                self._start_ns,
+                self.tags,
+                run_fields("start", "running", self.name, self.config, self._pid),
+            )
+        )
+        self.steps.check_cuda()
         points = PointMaker(self.guard, self.mfu, self.steps.cuda)
         self.worker = Worker(self.steps, self.client, points, self.report, self.tags, self.guard, tick_s)
         self.worker.start(self._pid)
@@ -249,8 +261,9 @@ class Run:
         return {
             "steps_sent": self.steps_sent,
             "steps_not_kept": self.steps.not_kept,
-            "errors": dict(self.guard.counts),
+            "errors": self._errors(),
             "sent": c.sent if c else 0,
+            "datagrams": c.datagrams if c else 0,
             "acked": c.acked if c else 0,
             "recorded": c.recorded if c else 0,
             "pending": c.pending if c else 0,
@@ -262,23 +275,23 @@ class Run:
         return self.worker.steps_sent if self.worker is not None else 0
 
     # -- inside ---------------------------------------------------------------------------------------
+    def _errors(self) -> dict[str, int]:
+        """The Guard's counts by cause, with the steps the queue could not take (counted apart)."""
+        errors = dict(self.guard.counts)
+        if self.steps.not_kept:
+            errors["queue_full"] = errors.get("queue_full", 1) - 1 + self.steps.not_kept
+        return errors
+
     def _step_failed(self, et: type, exc: BaseException | None) -> None:
         if et.__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):
             self.mark("oom", text=str(exc)[:500])
 
-    def _lifecycle(self, event: str, status: str, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return {
-            "event": event,
-            "status": status,
-            "name": self.name[:256],
-            "config": config_json(self.config if config is None else config),
-            "pid": self._pid,
-        }
-
     def _end_fields(self, status: str) -> dict[str, Any]:
         """``train_run`` end: what the run did, and gpulse's own errors (``config.gpulse``)."""
-        diagnostics = {"errors": dict(self.guard.counts), **self.mfu.describe()}
-        fields = self._lifecycle("end", status, {**self.config, "gpulse": diagnostics})
+        diagnostics = {"errors": self._errors(), **self.mfu.describe()}
+        from gpulse.training.points import run_fields
+
+        fields = run_fields("end", status, self.name, {**self.config, "gpulse": diagnostics}, self._pid)
         fields.update(
             gpus=",".join(self.worker.uuids),
             steps=self.worker.steps_sent,
@@ -288,15 +301,21 @@ class Run:
         return fields
 
     def _say_what_was_lost(self) -> None:
-        """One line at the end when steps or points were kept nowhere (the counts are in :meth:`stats`)."""
-        not_kept, dropped = self.steps.not_kept, self.client.dropped
-        if not_kept or dropped:
-            total = self.worker.steps_sent + not_kept
-            logging.getLogger(LOGGER_NAME).warning(
-                "gpulse: run %s: %d of %d steps were not kept (steps came faster than gpulse could send them: "
-                "more than max_queue=%d waiting) and %d points could not be recorded; the rest is in the "
-                "agent or in %s",
-                self.run_id, not_kept, total, self.steps.max_queue, dropped, self.client.record_path,
+        """One line at the end for each way steps or points were kept nowhere (the counts are in :meth:`stats`)."""
+        import logging  # only now: importing it costs more than all of gpulse.training
+
+        log = logging.getLogger(LOGGER_NAME)
+        if self.steps.not_kept:
+            log.warning(
+                "gpulse: run %s: %d of %d steps were not kept: they came faster than they could be sent "
+                "(more than max_queue=%d waiting); the others are in the agent or in %s",
+                self.run_id, self.steps.not_kept, self.worker.steps_sent + self.steps.not_kept,
+                self.steps.max_queue, self.client.record_path,
+            )  # fmt: skip
+        if self.client.dropped:
+            log.warning(
+                "gpulse: run %s: %d points were neither acknowledged by an agent nor recorded to %s (see record_write)",
+                self.run_id, self.client.dropped, self.client.record_path,
             )  # fmt: skip
 
     def _atexit(self) -> None:

@@ -187,7 +187,7 @@ class StepRecorder:
         if self.last is not None:
             self.hand_over()
         if self.step_no >= self._next_cuda_check:
-            self._check_cuda()
+            self.check_cuda()
         if self.timer is not None:
             self.pairs = []
         self.in_step = True
@@ -245,7 +245,9 @@ class StepRecorder:
                 self.cuda.copy_logs(logs)
         if len(self.queue) >= self.max_queue:
             self.not_kept += 1
-            self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; step not kept")
+            if self.not_kept == 1:  # logged once, counted here: the Guard's lock, taken per step, would
+                # make the training thread wait for the worker whenever the worker holds it
+                self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; steps not kept")
             return
         self.queue.append(rec)
 
@@ -321,9 +323,10 @@ class StepRecorder:
         self.step_end_hooks.append(hook)
 
     # -- CUDA -------------------------------------------------------------------------------------
-    def _check_cuda(self) -> None:
+    def check_cuda(self) -> None:
+        """Use CUDA once this process has initialised it (checked at the start and every 16 steps until then)."""
         self._next_cuda_check = self.step_no + 16
-        if self.cuda.device is None and self.cuda.detect():
+        if self.cuda.device is not None or self.cuda.detect():
             self._use_cuda()
 
     def attach_cuda(self, torch: Any, device: int) -> None:

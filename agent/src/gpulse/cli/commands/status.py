@@ -47,7 +47,11 @@ def query_status(path: str, timeout: float = 2.0, group: str | None = None) -> d
     endpoint = AgentEndpoint(path, group)
     try:
         try:
-            endpoint.send(protocol.encode(protocol.StatusRequest()))
+            endpoint.send(protocol.encode(protocol.StatusRequest()), wait=timeout)
+        except BlockingIOError:
+            raise AgentUnreachable(
+                f"the agent on {path} took no request within {timeout:g}s (its queue is full)"
+            ) from None
         except UntrustedSocket as e:
             raise AgentUnreachable(f"{e}: not asking it", e.fix) from None
         except KeyError:

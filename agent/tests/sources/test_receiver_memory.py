@@ -1,0 +1,82 @@
+"""Hostile or careless input cannot grow a live agent's memory: unique field names and unique tag sets.
+
+A real ``gpulse agent`` (simulated GPUs, recording to a file) receives, through its socket, 200,000
+unique ``log_*`` names (half from one run, half spread over 100 runs) and 20,000 unique tag sets,
+twice. What it may remember is bounded (``docs/channel.md``, "Limits"): its RSS grows by less than
+the documented bound in the first round and stays flat in the second, one run's excess is named
+once in its log and counted, and it keeps answering ``gpulse status``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+from agentproc import AgentProc
+from support.waiting import wait_until
+
+from gpulse.channel.protocol import MAX_OPEN_FIELDS_PER_RUN
+from gpulse.cli.commands.status import query_status
+
+#: docs/channel.md, "Limits": what the agent's RSS may grow by under any such input.
+RSS_BOUND_MIB = 25
+#: A second round of the same attack finds the caches full: the RSS stays (almost) where it was.
+FLAT_MIB = 5
+TAGS = {"run": "attack", "rank": "0", "local_rank": "0", "world_size": "1"}
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def attack(sock: socket.socket, path: str, round_: int) -> int:
+    """One round: 200,000 unique field names and 20,000 unique tag sets; returns the messages sent."""
+    now, sent = time.time_ns(), 0
+
+    def point(seq: int, tags: dict, fields: dict) -> dict:
+        return {"v": 1, "kind": "point", "seq": seq, "m": "train_step", "ts": now, "tags": tags, "fields": fields}
+
+    for n in range(0, 200_000, 200):  # 200 new names per point; the first half from one run
+        run = f"one-{round_}" if n < 100_000 else f"spread-{round_}-{n // 1000}"
+        fields = {"step": n, **{f"log_r{round_}_{i}": 1.0 for i in range(n, n + 200)}}
+        sock.sendto(json.dumps(point(n, {**TAGS, "run": run}, fields)).encode(), path)
+        sent += 1
+    for k in range(0, 20_000, 100):  # 100 points per datagram, each its own run and tag set
+        batch = [point(k + i, {**TAGS, "run": f"set-{round_}-{k + i}", "user": f"u{k + i}"}, {"step": 1}) for i in range(100)]  # fmt: skip
+        sock.sendto(json.dumps({"v": 1, "batch": batch}).encode(), path)
+        sent += len(batch)
+    return sent
+
+
+def test_unique_names_and_tag_sets_leave_the_agents_memory_flat(clean_env: dict[str, str], tmp_path: Path) -> None:
+    path = str(tmp_path / "run" / "agent.sock")
+    args = ["--simulate", "1", "--interval", "1", "--flush-interval", "0.2", "--record", str(tmp_path / "rec.lp")]
+    agent = AgentProc([*args, "--socket", path, "--spool-dir", str(tmp_path / "spool")], clean_env, tmp_path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        wait_until(lambda: Path(path).exists(), what="the agent's socket")
+        wait_until(lambda: query_status(path)["samples"] >= 2, what="two sampling cycles")
+        base = query_status(path)["records_received"]
+        rss = [rss_mib(agent.pid)]
+        sent = 0
+        for round_ in (1, 2):
+            sent += attack(sock, path, round_)
+            expected = base + sent
+            wait_until(lambda n=expected: query_status(path)["records_received"] >= n, 60, f"round {round_} received")
+            time.sleep(0.5)  # the last flush
+            rss.append(rss_mib(agent.pid))
+        status = query_status(path)
+        assert status["gpus"] and status["records_received"] >= base + sent
+        dropped = status["training_channel"]["values_dropped_by_cause"]
+    finally:
+        sock.close()
+        assert agent.stop() == 0
+    assert rss[1] - rss[0] < RSS_BOUND_MIB, rss
+    assert rss[2] - rss[1] < FLAT_MIB, rss
+    # one run's excess is counted (the spread runs stay within their budget) and named once per run
+    assert dropped == {"too_many_open_fields": 2 * (100_000 - MAX_OPEN_FIELDS_PER_RUN)}
+    named = [line for line in agent.stderr.splitlines() if "distinct log_*/phase_* fields" in line]
+    assert len(named) == 2 and "run one-1 " in named[0] and "run one-2 " in named[1]
