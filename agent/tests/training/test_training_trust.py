@@ -38,7 +38,7 @@ PRELOAD = (
     "json, logging, socket, select, struct, errno, sys, argparse, gettext, locale, textwrap, shutil, "
     "gpulse.training, gpulse.training.worker, gpulse.training.identity, gpulse.training.report, "
     "gpulse.channel.recording, gpulse.report.model, "
-    "gpulse.cli.main, gpulse.cli.commands.status, gpulse.agent.status_line"
+    "gpulse.cli.main, gpulse.cli.commands.status, gpulse.agent.status_line, gpulse.influx.connection"
 )
 
 FAKE_AGENT = """

@@ -60,11 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     from gpulse.influx.connection import ConfigError
-    from gpulse.report.diagnose import ThresholdError
 
     try:
         return int(module.run(args) or 0)
-    except (ConfigError, ThresholdError) as e:
+    except ConfigError as e:
         print(f"gpulse {name}: configuration error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

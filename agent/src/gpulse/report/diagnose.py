@@ -161,13 +161,21 @@ def _pct(v: float) -> str:
 EVIDENCE_GPUS = 8
 
 
-def _gpu_list(
-    gpus: Sequence[GpuSummary], text: Callable[[GpuSummary], str], worst_first: Callable[[GpuSummary], float]
-) -> str:
-    """``key: text`` for the :data:`EVIDENCE_GPUS` worst GPUs (lowest ``worst_first`` first), then a count."""
+def _gpus_hit(
+    gpus: Sequence[GpuSummary],
+    text: Callable[[GpuSummary], str],
+    worst_first: Callable[[GpuSummary], float],
+    threshold: str,
+    **data: Any,
+) -> Outcome:
+    """The finding for the GPUs a rule picked (none: nothing found): ``key: text`` for the
+    :data:`EVIDENCE_GPUS` worst (lowest ``worst_first`` first), a count of the rest, every key in the data."""
+    if not gpus:
+        return None
     shown = "; ".join(f"{g.key}: {text(g)}" for g in sorted(gpus, key=worst_first)[:EVIDENCE_GPUS])
     rest = len(gpus) - EVIDENCE_GPUS
-    return shown + (f"; and {rest} more GPU(s) (all of them in the finding's data)" if rest > 0 else "")
+    evidence = shown + (f"; and {rest} more GPU(s) (all of them in the finding's data)" if rest > 0 else "")
+    return Hit(evidence, threshold, {"gpus": [g.key for g in gpus], **data})
 
 
 # -- the rules, in the order their findings are listed -------------------------------------------------
@@ -232,16 +240,11 @@ def gpu_starved(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
         and g.avg_utilization_percent < t.starved_util_pct
         and g.avg_memory_used_percent > t.starved_memory_pct
     ]
-    if not starved:
-        return None
-    return Hit(
-        _gpu_list(
-            starved,
-            lambda g: f"busy {g.avg_utilization_percent:.0f}%, memory {g.avg_memory_used_percent:.0f}% full",
-            lambda g: g.avg_utilization_percent or 0,
-        ),
+    return _gpus_hit(
+        starved,
+        lambda g: f"busy {g.avg_utilization_percent:.0f}%, memory {g.avg_memory_used_percent:.0f}% full",
+        lambda g: g.avg_utilization_percent or 0,
         f"util < {t.starved_util_pct:g}% while memory > {t.starved_memory_pct:g}%",
-        {"gpus": [g.key for g in starved]},
     )
 
 
@@ -258,22 +261,16 @@ def launch_bound(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
     with_sm = [g for g in r.per_gpu if g.avg_sm_active_percent is not None and g.avg_utilization_percent is not None]
     if not with_sm:
         return NotEvaluated("no SM activity (GPM needs Hopper or later)")
-    launch = [
-        g
-        for g in with_sm
-        if (g.avg_utilization_percent or 0) >= t.launch_bound_util_pct
-        and (g.avg_sm_active_percent or 0) < t.launch_bound_sm_active_pct
-    ]
-    if not launch:
-        return None
-    return Hit(
-        _gpu_list(
-            launch,
-            lambda g: f"NVML util {g.avg_utilization_percent:.0f}% but SM active {g.avg_sm_active_percent:.0f}%",
-            lambda g: g.avg_sm_active_percent or 0,
-        ),
+    return _gpus_hit(
+        [
+            g
+            for g in with_sm
+            if (g.avg_utilization_percent or 0) >= t.launch_bound_util_pct
+            and (g.avg_sm_active_percent or 0) < t.launch_bound_sm_active_pct
+        ],
+        lambda g: f"NVML util {g.avg_utilization_percent:.0f}% but SM active {g.avg_sm_active_percent:.0f}%",
+        lambda g: g.avg_sm_active_percent or 0,
         f"util >= {t.launch_bound_util_pct:g}% and SM active < {t.launch_bound_sm_active_pct:g}%",
-        {"gpus": [g.key for g in launch]},
     )
 
 
@@ -293,17 +290,12 @@ def gpu_imbalance(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
     med = statistics.median_high([u for _, u in busy])
     if med < t.imbalance_min_util_pct:
         return None
-    idle = [g for g, u in busy if u * t.imbalance_factor < med]
-    if not idle:
-        return None
-    return Hit(
-        _gpu_list(
-            idle,
-            lambda g: f"busy {g.avg_utilization_percent:.0f}% vs median {med:.0f}%",
-            lambda g: g.avg_utilization_percent or 0,
-        ),
+    return _gpus_hit(
+        [g for g, u in busy if u * t.imbalance_factor < med],
+        lambda g: f"busy {g.avg_utilization_percent:.0f}% vs median {med:.0f}%",
+        lambda g: g.avg_utilization_percent or 0,
         f"GPU busy × {t.imbalance_factor:g} < median GPU busy",
-        {"gpus": [g.key for g in idle], "median_util": med},
+        median_util=med,
     )
 
 
@@ -317,17 +309,13 @@ def gpu_imbalance(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
 )
 def throttling(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
     hot = [g for g in r.per_gpu if g.throttle_time_ratio is not None and g.throttle_time_ratio > t.throttle_ratio]
-    if not hot:
-        return None
 
     def text(g: GpuSummary) -> str:
         reasons = ", ".join(f"{k} {_pct(v)}" for k, v in g.throttle_reasons.items())
         return f"throttled {_pct(g.throttle_time_ratio or 0)} of the time" + (f" ({reasons})" if reasons else "")
 
-    return Hit(
-        _gpu_list(hot, text, lambda g: -(g.throttle_time_ratio or 0)),
-        f"throttled > {_pct(t.throttle_ratio)} of samples",
-        {"gpus": [g.key for g in hot]},
+    return _gpus_hit(
+        hot, text, lambda g: -(g.throttle_time_ratio or 0), f"throttled > {_pct(t.throttle_ratio)} of samples"
     )
 
 

@@ -61,12 +61,15 @@ def _choose(run: str | None, runs: list[str], where: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpulse.report.diagnose import parse_threshold_args
+    from gpulse.report.diagnose import ThresholdError, parse_threshold_args
     from gpulse.report.load import list_runs_influx, load_files, load_influx, read_points, runs_in
     from gpulse.report.model import build_report
     from gpulse.report.output import write_run_report
 
-    thresholds = parse_threshold_args(args.threshold)
+    try:
+        thresholds = parse_threshold_args(args.threshold)
+    except ThresholdError as e:  # the report model is stdlib-only: its error becomes the CLI's
+        raise ConfigError(str(e)) from None
     if args.from_file:
         for path in args.from_file:
             if not os.path.isfile(path):
