@@ -3,8 +3,8 @@ several sending processes.
 
 The real ``gpulse agent`` runs pinned to CPU 0 (recording to a file, so no database limits it);
 sender processes pinned to the other core send ``train_step`` points packed into datagrams
-exactly as the training client packs them (``protocol.Point``, ``fitting`` and ``encode_batch``
-under ``MAX_DATAGRAM``), with blocking sends, so the kernel's backpressure paces them and nothing is
+exactly as the training client packs them (``protocol.Point``, ``encode``, ``datagram`` under
+``MAX_DATAGRAM``), with blocking sends, so the kernel's backpressure paces them and nothing is
 lost. The figure is records counted by the agent (``records_received`` via ``gpulse status``)
 divided by the time from the first send until the agent has counted them all. The baseline is
 the rate at which the same senders push the same datagrams into a socket whose reader only
@@ -42,8 +42,8 @@ def _datagrams(sender: int, n: int) -> list[bytes]:
         msgs.append(protocol.encode(protocol.Point("train_step", t0 + i * 1000, tags, fields, seq=i)))
     out, i = [], 0
     while i < len(msgs):
-        n = protocol.fitting(len(m) for m in islice(msgs, i, None))
-        out.append(msgs[i] if n == 1 else protocol.encode_batch(msgs[i : i + n]))
+        n, data = protocol.datagram(islice(msgs, i, None))
+        out.append(data)
         i += n
     return out
 

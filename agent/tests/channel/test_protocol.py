@@ -36,8 +36,8 @@ def test_datagrams_are_packed_in_order_under_the_size_limit() -> None:
     ]
     datagrams, i = [], 0
     while i < len(msgs):
-        n = protocol.fitting(len(m) for m in msgs[i:])
-        datagrams.append(msgs[i] if n == 1 else protocol.encode_batch(msgs[i : i + n]))
+        n, data = protocol.datagram(msgs[i:])
+        datagrams.append(data)
         i += n
     assert len(datagrams) > 1 and all(len(d) <= protocol.MAX_DATAGRAM for d in datagrams)
     assert max(len(d) for d in datagrams) > protocol.MAX_DATAGRAM - 1000  # full, not one message each
@@ -45,7 +45,9 @@ def test_datagrams_are_packed_in_order_under_the_size_limit() -> None:
 
 
 def test_a_message_larger_than_a_datagram_still_goes_alone() -> None:
-    assert protocol.fitting([protocol.MAX_DATAGRAM * 2, 10]) == 1
+    big = b"x" * (protocol.MAX_DATAGRAM * 2)
+    assert protocol.datagram([big, b"{}"]) == (1, big)
+    assert protocol.datagram([b"{}"]) == (1, b"{}")  # one message is sent as itself, not as a batch
 
 
 def test_a_client_accepts_only_well_formed_replies() -> None:

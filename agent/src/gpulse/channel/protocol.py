@@ -221,18 +221,19 @@ def encode_batch(encoded: Iterable[bytes]) -> bytes:
 BATCH_OVERHEAD = len(encode_batch([]))
 
 
-def fitting(sizes: Iterable[int], limit: int = MAX_DATAGRAM) -> int:
-    """How many encoded messages of these sizes, in order, one datagram of at most ``limit`` holds.
-
-    At least one: a lone message over the limit is the sender's to handle."""
-    n = 0
+def datagram(encoded: Iterable[bytes], limit: int = MAX_DATAGRAM) -> tuple[int, bytes]:
+    """The next datagram to send: as many of these encoded messages, in order, as fit in ``limit``
+    bytes, and how many it took (at least one: a lone message over the limit is the sender's to handle)."""
+    group: list[bytes] = []
     total = BATCH_OVERHEAD
-    for size in sizes:
-        if n and total + size + 1 > limit:
+    for data in encoded:
+        if group and total + len(data) + 1 > limit:
             break
-        n += 1
-        total += size + 1
-    return n
+        group.append(data)
+        total += len(data) + 1
+    if len(group) <= 1:
+        return len(group), group[0] if group else b""
+    return len(group), encode_batch(group)
 
 
 #: Longest ``host`` an ack may carry (the schema's tag value limit).

@@ -16,7 +16,6 @@ import errno
 import socket
 import time
 from collections import deque
-from itertools import islice
 from typing import Any
 
 from gpulse.channel import protocol
@@ -137,8 +136,7 @@ class Client:
             self._record_all()
             return
         while self._unsent:
-            group = list(islice(self._unsent, protocol.fitting(len(e.data) for e in self._unsent)))
-            data = group[0].data if len(group) == 1 else protocol.encode_batch(e.data for e in group)
+            n, data = protocol.datagram(e.data for e in self._unsent)
             try:
                 endpoint.send(data)
             except UntrustedSocket as exc:
@@ -164,11 +162,11 @@ class Client:
                 return
             self.agent_absent = False
             self.datagrams += 1
-            for _ in group:
+            for _ in range(n):
                 entry = self._unsent.popleft()
                 entry.t = now
                 self._inflight.append(entry)
-            self.sent += len(group)
+            self.sent += n
 
     def _give_up_sending(self, now: float) -> None:
         """Record everything now (no agent to wait for), and look again after ``retry_interval``."""
