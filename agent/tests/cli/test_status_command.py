@@ -43,6 +43,9 @@ def test_status_prints_the_running_agents_view_as_text_and_as_json(clean_env: di
     assert "gpulse agent 0.1.0 on st-node" in out and "3 GPUs" in out and "lines/s" in out
     assert "Runs registered: none" in out and f"Recording to: {record}" in out
     assert "Last successful write: 20" in out  # a date, not "never"
+    # two status requests came before this one, and no training process ever ran: nothing was received
+    assert "Training records: 0 received, 0 rejected" in out
+    assert status["records_received"] == 0
 
 
 def test_status_without_an_agent_says_so_and_exits_1(clean_env: dict[str, str], tmp_path: Path) -> None:

@@ -231,20 +231,22 @@ class TrainingReceiver:
         lines: list[str] = []
         max_seq = -1
         for raw in messages:
-            self.records_received += 1
             try:
                 msg = self._validator.message(raw, now_ns)
             except Rejected as e:
+                self.records_received += 1
                 self._reject(e.cause, e.detail)
                 if e.seq is not None:
                     max_seq = max(max_seq, e.seq)  # acked too: resending it would not make it valid
                 continue
+            if type(msg) is protocol.StatusRequest:
+                self._reply_status(addr)  # a question about the agent, not a training record: not counted
+                continue
+            self.records_received += 1
             if type(msg) is CheckedPoint:
                 line = self._encoder.line(msg.series, msg.fields, msg.ts)
                 if line is not None:
                     lines.append(line)
-            elif type(msg) is protocol.StatusRequest:
-                self._reply_status(addr)
             elif not self._register(msg):
                 if msg.seq is not None:
                     max_seq = max(max_seq, msg.seq)  # rejected, and acked like any rejected message
