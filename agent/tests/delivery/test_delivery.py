@@ -390,8 +390,9 @@ def test_close_returns_within_its_timeout_while_a_request_hangs_and_the_batch_st
         took = time.monotonic() - t0
     finally:
         server.stop()
-    assert took < 1.0 + 0.3, took  # the request and the sink's close were still blocked
-    assert d.workers[0].thread.is_alive()  # ... and were not waited for
+    # the request would have hung for its whole 5 s deadline: close neither waited for it nor for the sink's
+    # close (which aborts the request, so whether the sink thread has ended by now is a matter of timing)
+    assert took < 1.0 + 0.3, took
     assert spool_mod.inspect_spool(tmp_path / "spool").lines == 50
     assert d.stats()["lines_dropped"] == 0
 
