@@ -304,9 +304,11 @@ class GpuPlan:
     #: transient error codes met while probing (counted by the source)
     probe_errors: list[int] = field(default_factory=list)
 
-    @property
-    def index(self) -> int:
-        return self.identity.index
+    #: the GPU's index, copied from ``identity`` once: the cycle reads it per GPU
+    index: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.index = self.identity.index
 
     def compile_batches(self) -> None:
         """One field-values layout per (medium, slow) combination; links ride with the medium tier."""
