@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpulse.sinks.base import ErrorKind, Sink, WriteError, encode_body
-from gpulse.util.files import write_all
+from gpulse.util.files import append_fsync, open_append
 
 
 class RecordSink(Sink):
@@ -26,20 +26,10 @@ class RecordSink(Sink):
         self._fd: int | None = None
 
     def write(self, lines: Sequence[str]) -> None:
-        body = encode_body(lines)
         try:
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-            start = os.fstat(self._fd).st_size
-            try:
-                write_all(self._fd, body)
-                os.fsync(self._fd)
-            except OSError:
-                try:  # never leave half a batch (a torn line) in the file
-                    os.ftruncate(self._fd, start)
-                except OSError:
-                    pass
-                raise
+                self._fd = open_append(self.path)
+            append_fsync(self._fd, encode_body(lines))  # all of the batch or none of it: never a torn line
         except OSError as e:
             self.close()
             raise WriteError(ErrorKind.TRANSIENT, f"cannot write {self.path}: {e.strerror or e}") from None
