@@ -82,17 +82,10 @@ import json, os, sys
 sys.path[:0] = {path!r}
 from gpulse.channel.recording import PartialRecording, Recorder
 from gpulse.lineprotocol.parse import Point, read_lines
+from support.tmpfs import fill
 from test_recording import steps
 disk = sys.argv[1]
-filler = os.path.join(disk, "filler")
-fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-try:  # the disk full, then one page freed
-    while os.write(fd, b"x" * 4096):
-        pass
-except OSError:
-    pass
-os.ftruncate(fd, os.fstat(fd).st_size - 4096)
-os.close(fd)
+fill(disk)  # one page left
 record = os.path.join(disk, "gpulse-records.lp")
 said = {{}}
 try:

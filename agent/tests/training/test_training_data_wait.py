@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from test_training_lightning import Tiny
 from training_support import Agent
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
@@ -80,19 +81,6 @@ def test_the_trainer_s_first_step_waits_for_its_own_micro_batches(agent: Agent, 
     fetched = fetched_during_the_wait(data, step)
     assert fetched >= batch * accum * FETCH_S  # all of step 1's items were loaded inside its wait
     assert fetched >= 0.8 * step.fields["data_wait_s"]  # and the wait is mostly that loading
-
-
-class Tiny(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def test_lightning_s_first_step_waits_for_the_batch_the_loop_fetches_before_it(agent: Agent, tmp_path: Path) -> None:

@@ -48,17 +48,11 @@ def test_a_short_run_without_an_agent_says_once_at_the_end_where_its_steps_are_a
 
 FULL_DISK_RUN = """
 import json, logging, os, sys
-disk = sys.argv[1]
+disk, sys.path[:0] = sys.argv[1], [sys.argv[2]]
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 from gpulse.training import Run
-fd = os.open(os.path.join(disk, "filler"), os.O_WRONLY | os.O_CREAT)
-try:  # the disk full, then one page freed: room for a few steps, not for all, nor for the report
-    while os.write(fd, b"x" * 4096):
-        pass
-except OSError:
-    pass
-os.ftruncate(fd, os.fstat(fd).st_size - 4096)
-os.close(fd)
+from support.tmpfs import fill
+fill(disk)  # one page left: room for a few steps, not for all, nor for the report
 run = Run(name="full", output_dir=os.path.join(disk, "out"), socket_path=os.path.join(disk, "none.sock"))
 for i in range(60):
     with run.step(samples=2, tokens=64):
@@ -83,7 +77,7 @@ def test_on_a_full_disk_a_run_leaves_whole_lines_no_temporary_report_and_says_wh
     disk = tmp_path / "disk"
     disk.mkdir()
     out = subprocess.run(
-        [*on_tmpfs(disk, "64k"), sys.executable, "-c", FULL_DISK_RUN, str(disk)],
+        [*on_tmpfs(disk, "64k"), sys.executable, "-c", FULL_DISK_RUN, str(disk), str(Path(__file__).parents[1])],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
