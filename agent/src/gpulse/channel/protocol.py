@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping
+from itertools import accumulate
 from typing import Any
 
 PROTOCOL_VERSION = 1
@@ -221,7 +223,13 @@ _FLOAT_CHARS = 24
 
 def encode_numeric(point: NumericPoint) -> bytes:
     """``point`` as a datagram: what :func:`encode` gives for it."""
-    return point.head.json % (point.seq, point.ts, point.shape.json % point.values)
+    return encode_points((point,), (point.seq,))[0]  # type: ignore[arg-type]
+
+
+def encode_points(points: Iterable[NumericPoint], seqs: Iterable[int]) -> list[bytes]:
+    """Step points numbered ``seqs`` (a client's numbers for them), each as :func:`encode_numeric`
+    would give it, in one comprehension for a whole batch."""
+    return [p.head.json % (seq, p.ts, p.shape.json % p.values) for p, seq in zip(points, seqs, strict=True)]
 
 
 def size_bound(point: NumericPoint) -> int:
@@ -343,16 +351,23 @@ BATCH_OVERHEAD = len(encode_batch([]))
 def datagram(encoded: Iterable[bytes], limit: int = MAX_DATAGRAM) -> tuple[int, bytes]:
     """The next datagram to send: as many of these encoded messages, in order, as fit in ``limit``
     bytes, and how many it took (at least one: a lone message over the limit is the sender's to handle)."""
-    group: list[bytes] = []
-    total = BATCH_OVERHEAD
-    for data in encoded:
-        if group and total + len(data) + 1 > limit:
-            break
-        group.append(data)
-        total += len(data) + 1
+    if isinstance(encoded, list):  # sizes added up in C, the cut found by bisection: no Python step per message
+        ends = list(accumulate(map(_PLUS_COMMA, map(len, encoded))))
+        group = encoded[: max(bisect_right(ends, limit - BATCH_OVERHEAD), 1)]
+    else:
+        group = []
+        total = BATCH_OVERHEAD
+        for data in encoded:
+            if group and total + len(data) + 1 > limit:
+                break
+            group.append(data)
+            total += len(data) + 1
     if len(group) <= 1:
         return len(group), group[0] if group else b""
     return len(group), encode_batch(group)
+
+
+_PLUS_COMMA = (1).__add__  # a message's bytes in a batch: itself and its comma
 
 
 def decode_point(data: bytes) -> Point | None:

@@ -158,16 +158,14 @@ class Client:
         self._queue(chunk)
 
     def submit_points(self, points: list[protocol.NumericPoint], now: float | None = None) -> None:
-        """Queue step points (numbered here, in order). They are encoded now while the agent can be
-        reached, else only if it can again before they go to the file (counted by a bound till then)."""
+        """Queue step points, numbered here in order (their chunk keeps the numbers: a point is given
+        its own only in its JSON). They are encoded now while the agent can be reached, else only if
+        it can again before they go to the file (counted by a bound till then)."""
         if not points:
             return
-        first = seq = self._seq + 1
-        for p in points:
-            p.seq = seq
-            seq += 1
-        self._seq = seq - 1
-        chunk = _Chunk(points, range(first, seq), time.monotonic() if now is None else now, 0)  # type: ignore[arg-type]
+        first = self._seq + 1
+        self._seq += len(points)
+        chunk = _Chunk(points, range(first, self._seq + 1), time.monotonic() if now is None else now, 0)  # type: ignore[arg-type]
         if self.agent_absent:
             chunk.size = sum(map(protocol.size_bound, points))
         else:
@@ -218,14 +216,15 @@ class Client:
         """Encode a chunk of step points, not on the books (a point too large for a datagram is recorded instead)."""
         msgs = chunk.msgs
         assert msgs is not None
-        data = list(map(protocol.encode_numeric, msgs))  # type: ignore[arg-type]
+        data = protocol.encode_points(msgs, chunk.seqs)  # type: ignore[arg-type]
         if max(map(len, data)) > protocol.MAX_DATAGRAM:
-            big = [m for m, d in zip(msgs, data, strict=True) if len(d) > protocol.MAX_DATAGRAM]
+            fits = [len(d) <= protocol.MAX_DATAGRAM for d in data]
+            big = [m for m, ok in zip(msgs, fits, strict=True) if not ok]
             self.guard.report("oversize_message", detail=f"{len(big)} step point(s) over a datagram; recorded to file")
             self._record([_Chunk(big, (), chunk.t, 0)])
-            msgs = chunk.msgs = [m for m, d in zip(msgs, data, strict=True) if len(d) <= protocol.MAX_DATAGRAM]
-            chunk.seqs = tuple(m.seq for m in msgs)  # type: ignore[misc]
-            data = [d for d in data if len(d) <= protocol.MAX_DATAGRAM]
+            chunk.msgs = [m for m, ok in zip(msgs, fits, strict=True) if ok]
+            chunk.seqs = tuple(q for q, ok in zip(chunk.seqs, fits, strict=True) if ok)
+            data = [d for d, ok in zip(data, fits, strict=True) if ok]
         chunk.size = sum(map(len, data))
         chunk.data = data
 
@@ -327,8 +326,9 @@ class Client:
         if not self.recorded:
             return None
         why = self.unreachable or "not acknowledged by the agent in time"
+        points = "1 point is" if self.recorded == 1 else f"{self.recorded} points are"
         return (
-            f"{self.recorded} points are in {self.record_path} ({why}); "
+            f"{points} in {self.record_path} ({why}); "
             f"`gpulse upload {self.record_path}` sends them to the database"
         )
 

@@ -1,9 +1,9 @@
 """What a run's records become: the fields of its points, named and typed as ``gpulse.schema`` says.
 
-Runs on the worker thread. A :class:`~gpulse.training.step.StepRecord` becomes the fields of one
-``train_step`` point (times in seconds, rates, MFU, memory, logged scalars as ``log_<name>``,
-phases as ``<phase>_s`` / ``phase_<name>_s``); the run's start and end become ``train_run``
-fields. A run may use at most :data:`~gpulse.channel.protocol.MAX_OPEN_FIELDS_PER_RUN` distinct
+Runs on the worker thread. A :class:`~gpulse.training.step.StepRecord` becomes one ``train_step``
+point, a :class:`~gpulse.channel.protocol.NumericPoint` (durations carried as integer nanoseconds
+and read as seconds, rates, MFU, memory, logged scalars as ``log_<name>``, phases as ``<phase>_s``
+/ ``phase_<name>_s``); the run's start and end become ``train_run`` fields. A run may use at most :data:`~gpulse.channel.protocol.MAX_OPEN_FIELDS_PER_RUN` distinct
 ``log_*`` / ``phase_*`` names (the agent enforces the same): more is a mistake, named once in the
 log, and the values of further new names are dropped.
 """
