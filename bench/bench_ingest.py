@@ -3,8 +3,8 @@ several sending processes.
 
 The real ``gpulse agent`` runs pinned to CPU 0 (recording to a file, so no database limits it);
 sender processes pinned to the other core send ``train_step`` points packed into datagrams
-exactly as the training client packs them (``protocol.Point``, ``encode``, ``datagram`` under
-``MAX_DATAGRAM``), with blocking sends, so the kernel's backpressure paces them and nothing is
+exactly as the training client packs them (``protocol.NumericPoint``, durations in integer ns,
+``encode``, ``datagram`` under ``MAX_DATAGRAM``), with blocking sends, so the kernel's backpressure paces them and nothing is
 lost. The figure is records counted by the agent (``records_received`` via ``gpulse status``)
 divided by the time from the first send until the agent has counted them all. The baseline is
 the rate at which the same senders push the same datagrams into a socket whose reader only
@@ -33,13 +33,17 @@ SENDERS = 3
 
 def _datagrams(sender: int, n: int) -> list[bytes]:
     tags = {"run": "bench", "rank": str(sender), "local_rank": str(sender), "world_size": str(SENDERS)}
+    head = protocol.PointHead("train_step", tags)
+    shape = protocol.FieldShape(
+        ("step", "step_time_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s", "samples", "tokens",
+         "samples_per_s", "tokens_per_s", "log_loss"),
+        "i" + "nnnnn" + "ii" + "fff",
+    )  # fmt: skip
     t0 = time.time_ns()
     msgs = []
     for i in range(n):
-        fields = {"step": i, "step_time_s": 0.1, "data_wait_s": 0.01, "forward_s": 0.03, "backward_s": 0.05,
-                  "optimizer_s": 0.01, "samples": 32, "tokens": 65536, "samples_per_s": 320.0,
-                  "tokens_per_s": 655360.0, "log_loss": 1.5}  # fmt: skip
-        msgs.append(protocol.encode(protocol.Point("train_step", t0 + i * 1000, tags, fields, seq=i)))
+        values = (i, 100_000_000, 10_000_000, 30_000_000, 50_000_000, 10_000_000, 32, 65536, 320.0, 655360.0, 1.5)
+        msgs.append(protocol.encode(protocol.NumericPoint(head, t0 + i * 1000, shape, values, seq=i)))
     out, i = [], 0
     while i < len(msgs):
         n, data = protocol.datagram(islice(msgs, i, None))

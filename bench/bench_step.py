@@ -1,25 +1,39 @@
-"""3. Training step overhead: µs that ``gpulse.training`` adds per step (step + 3 phases +
-wrap_loader + one ``log``) against the same bare loop, with a real agent listening on the socket and
-with the agent absent (the client then records to its fallback file).
+"""3. Training step overhead: what ``gpulse.training`` costs per step (step + 3 phases + wrap_loader +
+one ``log``), with a real agent listening on the socket and with the agent absent (the client then
+records to its fallback file). Two figures per case, each with its spread over repetitions:
 
-Both loops run in one process, interleaved, so machine noise hits both alike. Each step does the
-same stand-in for GPU work in both loops, a short sleep that releases the GIL as a wait on the GPU
-does, so the run's background thread works when it would in real training and any GIL it takes
-shows up in the wall figure. The headline figure is the training thread's CPU time,
-(instrumented - bare) / steps, median over repetitions: what gpulse adds to the loop itself; the
-wall-time difference and the background thread's CPU per step are printed beside it. ``torch.cuda.synchronize`` is patched to
-count calls: the instrumented loop must make none (the CPU build of torch cannot report
+* **training thread**: the CPU time the instrumented loop takes beyond the same bare loop,
+  ``(instrumented - bare) / steps``: what gpulse adds to the user's loop itself;
+* **background thread**: the CPU time of the run's own thread (turning records into points,
+  encoding, sending, reading acks, recording) per step, read from that thread's own clock
+  (``pthread_getcpuclockid``) over the repetitions, plus the ``finish()`` that sends or records
+  what is left: all the work a step causes besides the training thread's.
+
+Noise: the bare and the instrumented loop run in one process, interleaved (their order alternates
+from one repetition to the next), so load on the machine hits both alike; every figure is a median
+over repetitions of 2,000 steps, printed with its range. Each step waits the same stand-in for GPU
+work in both loops, a 1 ms sleep that releases the GIL as a wait on the GPU does, so the background
+thread works when it would in real training and competes for the GIL as it would; the wall-time
+difference shows what that competition costs. ``torch.cuda.synchronize`` is patched to count
+calls: the instrumented loop must make none (the CPU build of torch cannot report
 synchronisations any other way).
+
+Only ``Run``'s public API is used, so the same file measures an older checkout of gpulse
+(run it with that checkout's interpreter).
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from common import Table, scale
 
@@ -28,27 +42,39 @@ from gpulse.training import Run
 WORK_S = 0.001  # per-step stand-in for waiting on the GPU (a fast step: real ones take 0.1-10 s)
 
 
-def _clocks() -> tuple[int, int, int]:
-    """(wall, training-thread CPU, whole-process CPU) in ns."""
-    return time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
+class Spread(NamedTuple):
+    """A median and the range around it, in µs per step."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, xs: list[float]) -> Spread:
+        return cls(statistics.median(xs), min(xs), max(xs))
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f} ({self.low:.2f}-{self.high:.2f})"
 
 
-def _since(c0: tuple[int, int, int]) -> tuple[float, float, float]:
-    c1 = _clocks()
-    return tuple((b - a) / 1000 for a, b in zip(c0, c1, strict=True))  # type: ignore[return-value]
+class Overhead(NamedTuple):
+    """One case's figures, µs per step: training thread CPU, wall, background thread CPU."""
+
+    cpu: Spread
+    wall: Spread
+    background: Spread
+    #: the background thread's CPU over the run's whole life (every repetition and ``finish()``)
+    background_total: float
 
 
-def bare(loader: list[int]) -> tuple[float, float, float]:
-    c0 = _clocks()
+def _loop_bare(loader: list[int]) -> None:
     acc = 0
     for batch in loader:
         acc += batch
         time.sleep(WORK_S)
-    return _since(c0)
 
 
-def instrumented(run: Run, loader: list[int]) -> tuple[float, float, float]:
-    c0 = _clocks()
+def _loop_instrumented(run: Run, loader: list[int]) -> None:
     acc = 0
     for batch in run.wrap_loader(loader):
         with run.step(samples=32, tokens=32 * 2048):
@@ -60,32 +86,95 @@ def instrumented(run: Run, loader: list[int]) -> tuple[float, float, float]:
             with run.phase("optimizer"):
                 pass
         run.log(loss=0.5)
-    return _since(c0)
 
 
-def _median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
+class _GcClock:
+    """CPU time each thread spends in the garbage collector (``gc.callbacks``), and full collections.
+
+    Which thread a collection lands on is chance (whichever allocates the object that crosses a
+    threshold), and a full one costs tens of ms with torch's objects in the heap: the thread figures
+    leave it out, and it is shown on its own."""
+
+    def __init__(self) -> None:
+        self.ns: dict[int, int] = {}
+        self.full = 0
+        self._start: dict[int, int] = {}
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            self._start[me] = time.thread_time_ns()
+        elif me in self._start:
+            self.ns[me] = self.ns.get(me, 0) + time.thread_time_ns() - self._start.pop(me)
+            self.full += info["generation"] == 2
+
+    def of(self, thread: int | None = None) -> int:
+        return self.ns.get(threading.get_ident() if thread is None else thread, 0)
+
+    def total(self) -> int:
+        return sum(self.ns.values())
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
 
 
-def overhead_us(socket_path: str, out: Path, steps: int, reps: int) -> dict[str, float]:
-    """Median per-step overheads in µs: on the training thread's CPU, in wall time, and the CPU
-    the run's background thread spends per step (sending, or recording to the fallback file)."""
+GC = _GcClock()
+
+
+def _timed(loop: object, *args: object) -> tuple[int, int]:
+    """(wall ns, training-thread CPU ns without garbage collection) of one loop."""
+    w, c, g = time.perf_counter_ns(), time.thread_time_ns(), GC.of()
+    loop(*args)  # type: ignore[operator]
+    return time.perf_counter_ns() - w, time.thread_time_ns() - c - (GC.of() - g)
+
+
+def _others_cpu_ns() -> int:
+    """CPU of every thread of this process but the calling one."""
+    return time.process_time_ns() - time.thread_time_ns()
+
+
+class _ThreadClock:
+    """CPU time of the threads a ``Run`` started (its background thread), from their own clocks,
+    without their garbage collection."""
+
+    def __init__(self, threads: list[threading.Thread]) -> None:
+        self.threads = [(t.ident, time.pthread_getcpuclockid(t.ident)) for t in threads if t.ident is not None]
+
+    def ns(self) -> int:
+        return sum(time.clock_gettime_ns(clock) - GC.of(ident) for ident, clock in self.threads)
+
+
+def overhead(socket_path: str, out: Path, steps: int, reps: int) -> Overhead:
+    """The figures for one case: a warm-up repetition, then ``reps`` measured ones."""
     loader = list(range(steps))
+    before = set(threading.enumerate())
     run = Run(name="bench", output_dir=out, socket_path=socket_path, write_report=False)
+    clock = _ThreadClock([t for t in threading.enumerate() if t not in before])
     cpu, wall, background = [], [], []
+    total_ns = 0
     for rep in range(reps + 1):
-        bw, bt, bp = bare(loader)
-        iw, it, ip = instrumented(run, loader)
-        if rep:  # the first round warms up
-            cpu.append((it - bt) / steps)
-            wall.append((iw - bw) / steps)
-            background.append(((ip - it) - (bp - bt)) / steps)
-    run.finish()
-    return {"cpu": _median(cpu), "wall": _median(wall), "background": _median(background)}
+        b0 = clock.ns()
+        if rep % 2:  # alternate the order, so that neither loop always follows the other
+            iw, ic = _timed(_loop_instrumented, run, loader)
+            bw, bc = _timed(_loop_bare, loader)
+        else:
+            bw, bc = _timed(_loop_bare, loader)
+            iw, ic = _timed(_loop_instrumented, run, loader)
+        b1 = clock.ns()
+        total_ns += b1 - b0
+        if rep:  # the first repetition warms up
+            cpu.append((ic - bc) / steps / 1000)
+            wall.append((iw - bw) / steps / 1000)
+            background.append((b1 - b0) / steps / 1000)
+    o0, g0 = _others_cpu_ns(), GC.total() - GC.of()
+    run.finish()  # the background thread sends (or records) what is left, then ends
+    total_ns += _others_cpu_ns() - o0 - (GC.total() - GC.of() - g0)
+    return Overhead(Spread.of(cpu), Spread.of(wall), Spread.of(background), total_ns / ((reps + 1) * steps) / 1000)
 
 
 def run(table: Table) -> dict[str, float]:
-    steps, reps = scale(2_000, 300), scale(7, 2)
+    steps, reps = scale(1_500, 300), scale(13, 2)
     sync_calls = 0
     try:
         import torch
@@ -98,6 +187,7 @@ def run(table: Table) -> dict[str, float]:
     except ImportError:
         torch = None  # type: ignore[assignment]
 
+    gc_ns, gc_full = GC.total(), GC.full
     with tempfile.TemporaryDirectory() as tmp:
         sock = os.path.join(tmp, "run", "agent.sock")
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
@@ -110,22 +200,46 @@ def run(table: Table) -> dict[str, float]:
             deadline = time.monotonic() + 30
             while not os.path.exists(sock) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            listening = overhead_us(sock, Path(tmp) / "a", steps, reps)
+            listening = overhead(sock, Path(tmp) / "a", steps, reps)
         finally:
             agent.terminate()
             agent.wait(timeout=30)
-        absent = overhead_us(os.path.join(tmp, "nobody", "agent.sock"), Path(tmp) / "b", steps, reps)
+        absent = overhead(os.path.join(tmp, "nobody", "agent.sock"), Path(tmp) / "b", steps, reps)
         recorded = (Path(tmp) / "b" / "gpulse-records.lp").exists()
 
     for name, o, note in (("listening", listening, ""), ("absent", absent, f"; fallback file written: {recorded}")):
         table.add(
-            f"training step overhead, agent {name} (µs/step, training thread CPU)",
-            f"{o['cpu']:.2f}",
+            f"training step overhead, agent {name} (µs/step, training thread CPU, median (range))",
+            str(o.cpu),
             "the same bare loop",
-            f"wall {o['wall']:+.2f} µs/step, background thread {o['background']:.2f} µs CPU/step{note}",
+            f"wall {o.wall.median:+.2f} µs/step{note}",
             "<= 5 µs",
         )
+        table.add(
+            f"background thread CPU per step, agent {name} (µs/step, median (range) over repetitions)",
+            str(o.background),
+            "",
+            f"{o.background_total:.2f} µs/step over the run's life, finish() included",
+            "<= 5 µs",
+        )
+    measured = 2 * (reps + 1) * steps
+    table.add(
+        "garbage collection in this section, left out of the figures above (µs per instrumented step)",
+        f"{(GC.total() - gc_ns) / measured / 1000:.2f}",
+        "",
+        f"{GC.full - gc_full} full collections (each tens of ms with torch's objects in the heap; the bare loops make no garbage)",
+    )
     table.add("torch.cuda.synchronize calls in the instrumented loops", str(sync_calls), goal="0")
     if sync_calls:
         raise RuntimeError("gpulse.training synchronised CUDA on the hot path")
-    return {"step_overhead_us": round(listening["cpu"], 3), "step_overhead_us_agent_absent": round(absent["cpu"], 3)}
+    return {
+        "step_overhead_us": round(listening.cpu.median, 3),
+        "step_overhead_us_agent_absent": round(absent.cpu.median, 3),
+        "step_background_cpu_us": round(listening.background_total, 3),
+        "step_background_cpu_us_agent_absent": round(absent.background_total, 3),
+    }
+
+
+if __name__ == "__main__":  # this section alone: python bench_step.py
+    t = Table()
+    print(run(t))

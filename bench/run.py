@@ -39,6 +39,8 @@ KEYS = (
     "cycle_cpu_ms_8gpu_10hz",
     "step_overhead_us",
     "step_overhead_us_agent_absent",
+    "step_background_cpu_us",
+    "step_background_cpu_us_agent_absent",
     "ingest_records_per_s",
     "e2e_ratio_vs_bulk_post",
     "agent_rss_mib_start",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from gpulse.channel import protocol
-from gpulse.channel.validate import unpack
+from gpulse.channel.validate import CheckedPoint, Validator, unpack
 
 
 def test_messages_go_on_the_wire_as_the_channel_document_says() -> None:
@@ -73,3 +74,63 @@ def test_the_default_socket_is_per_user() -> None:
     assert protocol.default_socket_path({"XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/gpulse/agent.sock"
     assert protocol.default_socket_path({}).startswith("/tmp/gpulse-")
     assert protocol.client_socket_path({"GPULSE_SOCKET": "/x/a.sock"}) == "/x/a.sock"
+
+
+# -- step points: numbers from a template ----------------------------------------------------------
+TAGS = {"run": "r%d", "rank": "0", "local_rank": "0", "world_size": "1", "model": "qwen 7b"}
+STEP_SHAPE = protocol.FieldShape(
+    ("step", "start_time_ns", "step_time_s", "samples_per_s", "log_verlust_é"),
+    protocol.KIND_INT + protocol.KIND_INT + protocol.KIND_NS + protocol.KIND_FLOAT + protocol.KIND_FLOAT,
+)
+
+
+def step_point(ns: int, seq: int = 3) -> protocol.NumericPoint:
+    head = protocol.PointHead("train_step", TAGS)
+    return protocol.NumericPoint(head, 1_700_000_000_123_456_789, STEP_SHAPE, (7, 1_699_999_999_000_000_000, ns, 32 / 0.3, -0.5), seq)  # fmt: skip
+
+
+def test_a_step_point_is_the_json_of_its_fields_with_each_duration_exactly_ns_over_1e9() -> None:
+    """Durations go out as ``<ns>e-9``: whatever the nanoseconds, JSON reads back the very float
+    ``ns / 1e9`` (both are the double nearest to the same decimal)."""
+    rng = random.Random(0)
+    for ns in [0, 1, 999, 999_999_999, 10**9, 86_400 * 10**9, 2**53 - 1, *(rng.randrange(2**53) for _ in range(3000))]:
+        point = step_point(ns)
+        sent = json.loads(protocol.encode(point))
+        assert sent == json.loads(json.dumps(point.wire()))  # the generic encoding of the same point
+        assert sent["fields"]["step_time_s"] == ns / 1e9 and type(sent["fields"]["step_time_s"]) is float
+    assert sent == {
+        "v": 1, "kind": "point", "seq": 3, "m": "train_step", "ts": 1_700_000_000_123_456_789, "tags": TAGS,
+        "fields": {"step": 7, "start_time_ns": 1_699_999_999_000_000_000, "step_time_s": ns / 1e9,
+                   "samples_per_s": 32 / 0.3, "log_verlust_é": -0.5},
+    }  # fmt: skip
+    assert point.fields == sent["fields"] and dict(point) == sent["fields"] and point["step"] == 7
+
+
+def test_the_agent_takes_a_step_point_as_it_takes_any_point() -> None:
+    shape = protocol.FieldShape(("step", "step_time_s", "forward_s", "log_loss"), "innf")
+    point = protocol.NumericPoint(protocol.PointHead("train_step", TAGS), 1_700_000_000_000_000_000, shape, (7, 1_213_457, 999, 0.25), 3)  # fmt: skip
+    checked = Validator("node1").message(unpack(protocol.encode(point))[0], now_ns=point.ts)
+    assert isinstance(checked, CheckedPoint)
+    assert checked.fields == point.fields and checked.ts == point.ts and checked.seq == 3
+
+
+def test_a_shape_whose_kinds_do_not_describe_its_names_is_refused() -> None:
+    with pytest.raises(ValueError, match="do not describe"):
+        protocol.FieldShape(("step", "step_time_s"), protocol.KIND_INT)
+    with pytest.raises(ValueError, match="do not describe"):
+        protocol.FieldShape(("step",), "x")
+
+
+def test_what_a_client_sent_reads_back_as_the_point_it_was() -> None:
+    point = step_point(5_000)
+    back = protocol.decode_point(protocol.encode(point))
+    assert back == protocol.Point("train_step", point.ts, TAGS, point.fields, seq=3)
+    assert protocol.decode_point(protocol.encode(protocol.Register("r", "0", 1, ("GPU-a",), seq=4))) is None
+
+
+def test_a_step_point_never_outgrows_its_size_bound() -> None:
+    longest = protocol.NumericPoint(
+        protocol.PointHead("train_step", TAGS), -(2**63), STEP_SHAPE,
+        (-(2**63), -(2**63), -(2**63), -2.2250738585072014e-308, -1.7976931348623157e308), seq=2**63 - 1,
+    )  # fmt: skip
+    assert len(protocol.encode(longest)) <= protocol.size_bound(longest)

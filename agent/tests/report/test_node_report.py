@@ -29,7 +29,11 @@ def test_gpu_samples_alone_give_each_gpu_its_figures_the_events_and_the_gpu_rule
     )  # 2 GPUs x 30 s x 200 W from the energy counters
     assert r.throttle_time_ratio == 0.5161 and r.gpu_avg_utilization_percent == 55.0
     assert [(e.kind, e.xid, e.gpu) for e in r.events] == [("xid", 79, "1")]
-    assert {f.id for f in r.diagnosis} == {"gpu_imbalance", "throttling"}  # the rules that need only GPUs
+    assert {f.id for f in r.diagnosis} == {
+        "gpu_starved",
+        "gpu_imbalance",
+        "throttling",
+    }  # the rules that need only GPUs
     assert r.not_evaluated == []
 
 

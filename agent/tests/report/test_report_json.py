@@ -120,7 +120,6 @@ SEED_KEYS = (
     "thresholds.imbalance_min_util_pct",
     "thresholds.launch_bound_sm_active_pct",
     "thresholds.launch_bound_util_pct",
-    "thresholds.starved_memory_pct",
     "thresholds.starved_util_pct",
     "thresholds.throttle_ratio",
     "throttle_time_ratio",
@@ -177,6 +176,7 @@ def test_the_json_has_exactly_seed_000_s_keys_plus_the_ones_added_on_purpose() -
     # every rule of the diagnosis fired or said why not: the input reaches every field above
     assert {f["id"] for f in doc["diagnosis"]} == {
         "communication",
+        "gpu_starved",
         "gpu_imbalance",
         "throttling",
         "rank_imbalance",

@@ -20,3 +20,17 @@ def on_tmpfs(mountpoint: Path, size: str) -> list[str]:
     probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
     assert probe.returncode == 0, f"cannot mount a test tmpfs (needs root or user namespaces): {probe.stderr}"
     return prefix
+
+
+def fill(directory: str | Path, leave: int = 4096) -> None:
+    """Fill the filesystem of ``directory`` (a test tmpfs), then free ``leave`` bytes again (a page:
+    room for a few lines, not for all). Run inside the program that has the tmpfs mounted."""
+    path = os.path.join(directory, "filler")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"x" * 4096):
+            pass
+    except OSError:
+        pass
+    os.ftruncate(fd, os.fstat(fd).st_size - leave)
+    os.close(fd)

@@ -196,7 +196,7 @@ def test_a_hugging_face_trainer_with_a_tiny_model_from_config(agent, influxdb_mo
         assert r["samples"] == 4 and 0 < r["step_time_s"] < 30 and r["host"] == HOST
         assert r["forward_s"] > 0 and r["backward_s"] > 0
         # data wait = gap between on_step_end and the next on_step_begin: none before the first step
-        assert (r["data_wait_s"] is None) if r["step"] == 1 else (r["data_wait_s"] >= 0)
+        assert r["data_wait_s"] >= 0  # step 1 too: the fetch before it is its wait
     assert (tmp_path / "metrics_report.json").exists()
 
 

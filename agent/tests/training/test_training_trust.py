@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -207,3 +208,46 @@ def test_acknowledgements_count_only_from_the_agents_own_user(users, user_dir: P
     assert forged.stdout.strip() == "1", forged.stdout + forged.stderr
     stats = json.loads(out.splitlines()[-1])
     assert stats["acked"] == 0 and stats["recorded"] == 3  # start, the step, end: all in the file
+
+
+def test_a_socket_the_user_may_not_reach_is_named_at_once_not_as_a_missing_acknowledgement(
+    users, user_dir: Path
+) -> None:
+    """A system agent's socket in a directory only root may enter (0700, no ``--socket-group``):
+    the run used to say, after the acknowledgement timeout, that the agent did not acknowledge."""
+    user, _ = users
+    system_dir = Path(tempfile.mkdtemp(prefix="gpulse-system-"))  # root's, 0700
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(system_dir / "agent.sock"))
+    try:
+        train = become(
+            user,
+            f"""
+            import time
+            from gpulse.training import Run
+            run = Run(name="locked-out", output_dir={str(user_dir)!r}, socket_path={str(system_dir / "agent.sock")!r},
+                      ack_timeout=60, write_report=False)
+            t0 = time.monotonic()
+            for i in range(5):
+                with run.step(samples=1):
+                    pass
+            while not run.stats()["errors"] and time.monotonic() - t0 < 10:
+                time.sleep(0.05)
+            print(json.dumps({{"seconds": time.monotonic() - t0, "errors": run.stats()["errors"]}}), flush=True)
+            run.finish()
+        """,
+        )
+        trained = subprocess.run([sys.executable, "-c", train], env=clean_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        sock.close()
+        shutil.rmtree(system_dir, ignore_errors=True)
+    assert trained.returncode == 0, trained.stderr
+    early = json.loads(trained.stdout)
+    assert early["errors"] == {"socket_permission": 1} and early["seconds"] < 5  # at once, not after 60 s
+    path = system_dir / "agent.sock"
+    said = [line for line in trained.stderr.splitlines() if "socket_permission" in line]
+    assert len(said) == 1 and f"cannot reach the agent at {path}: Permission denied" in said[0], trained.stderr
+    assert "no acknowledgement" not in trained.stderr
+    assert f"(cannot reach the agent at {path}: Permission denied)" in trained.stderr  # the summary at the end
+    steps = [line for line in (user_dir / RECORD_FILE).read_text().splitlines() if line.startswith("train_step,")]
+    assert len(steps) == 5

@@ -15,7 +15,9 @@ from __future__ import annotations
 import errno
 import socket
 import time
+from bisect import bisect_right
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from gpulse.channel import protocol
@@ -26,19 +28,56 @@ from gpulse.training.errors import Guard
 #: Send errors that mean "try again later" (the agent's queue is full).
 _RETRY_LATER = {errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.EINTR}
 #: Send errors that mean "no agent there".
-_AGENT_ABSENT = {errno.ENOENT, errno.ECONNREFUSED, errno.ENOTCONN, errno.ENOTDIR, errno.EACCES, errno.EPERM}
+_AGENT_ABSENT = {errno.ENOENT, errno.ECONNREFUSED, errno.ENOTCONN, errno.ENOTDIR}
+#: Why there is no agent, in words, for the errors that say so.
+_WHY = {errno.ENOENT: "no socket there", errno.ENOTDIR: "no socket there", errno.ECONNREFUSED: "nothing listens on it"}
+#: Send errors that mean "not allowed there": waiting will not help.
+_NO_PERMISSION = {errno.EACCES, errno.EPERM}
 
 Outgoing = protocol.Point | protocol.Register | protocol.Unregister
 
 
-class _Entry:
-    __slots__ = ("data", "msg", "seq", "t")
+class _Chunk:
+    """Messages with consecutive ``seq`` that wait together: submitted in one go (unsent), or sent in
+    one datagram (in flight). Per chunk, not per message, so that a step costs no object of its own.
 
-    def __init__(self, seq: int, data: bytes, msg: Outgoing, t: float) -> None:
-        self.seq = seq
-        self.data = data
-        self.msg = msg
+    ``msgs`` are the messages while unsent; ``data`` their encodings once made: a step point is
+    encoded when it is sent (one recorded to the file never needs JSON), and once sent only the
+    encodings are kept (bytes, which the garbage collector never has to scan; what times out is
+    decoded back to points for the file). ``size`` is what the chunk counts against
+    ``max_unacked_bytes``: a bound until its messages are encoded, then exact."""
+
+    __slots__ = ("data", "msgs", "seqs", "size", "t")
+
+    def __init__(
+        self, msgs: list[Outgoing] | None, seqs: Sequence[int], t: float, size: int, data: Sequence[bytes] | None = None
+    ) -> None:
+        self.msgs = msgs
+        self.seqs = seqs  # a range, or a tuple when a message between was recorded instead
         self.t = t  # creation time, then send time (monotonic)
+        self.size = size
+        self.data = data
+
+    def split(self, n: int) -> _Chunk:
+        """Take the first ``n`` messages off into a chunk of their own (sizes shared in proportion until encoded)."""
+        data, msgs = self.data, self.msgs
+        if data is not None:
+            size = sum(map(len, data[:n]))
+            self.data = data[n:]
+        else:
+            size = -(-self.size * n // len(self.seqs))
+        front = _Chunk(msgs[:n] if msgs is not None else None, self.seqs[:n], self.t, size, data and data[:n])
+        if msgs is not None:
+            self.msgs = msgs[n:]
+        self.seqs = self.seqs[n:]
+        self.size -= size
+        return front
+
+    def points(self) -> list[protocol.Point]:
+        """The chunk's points, decoded from what was sent when only that is left."""
+        if self.msgs is not None:
+            return [m for m in self.msgs if isinstance(m, protocol.Point)]
+        return [p for p in map(protocol.decode_point, self.data or ()) if p is not None]
 
 
 class Client:
@@ -64,11 +103,14 @@ class Client:
         self.retry_interval = retry_interval
         self.guard = guard or Guard()
         self._seq = 0
-        self._unsent: deque[_Entry] = deque()
-        self._inflight: deque[_Entry] = deque()
+        self._unsent: deque[_Chunk] = deque()
+        self._inflight: deque[_Chunk] = deque()
+        self._count = 0  # messages in both
         self._bytes = 0
         self._retry_at = 0.0
         self.agent_absent = False
+        #: why the last try could not reach the agent ("" once a send went through)
+        self.unreachable = ""
         self.acked_upto = 0
         # counters (read by tests and the run's summary)
         self.sent = 0
@@ -88,10 +130,18 @@ class Client:
     @property
     def pending(self) -> int:
         """Messages not yet acknowledged (unsent + in flight)."""
-        return len(self._unsent) + len(self._inflight)
+        return self._count
 
-    def submit(self, msg: Outgoing) -> None:
+    @property
+    def pending_bytes(self) -> int:
+        """What they count against ``max_unacked_bytes`` (a bound for those not encoded yet)."""
+        return self._bytes
+
+    def submit(self, msg: Outgoing, now: float | None = None) -> None:
         """Queue one message (its ``seq`` is assigned here) for the next :meth:`pump`."""
+        if type(msg) is protocol.NumericPoint:
+            self.submit_points([msg], now)
+            return
         self._seq += 1
         msg.seq = self._seq
         try:
@@ -100,26 +150,58 @@ class Client:
             self.guard.report("encode", exc)
             self.dropped += 1
             return
-        entry = _Entry(self._seq, data, msg, time.monotonic())
+        chunk = _Chunk([msg], range(msg.seq, msg.seq + 1), time.monotonic() if now is None else now, len(data), [data])
         if len(data) > protocol.MAX_DATAGRAM:
             self.guard.report("oversize_message", detail=f"{len(data)} bytes; recorded to file")
-            self._record([entry])
+            self._record([chunk])
             return
-        self._unsent.append(entry)
-        self._bytes += len(data)
-        self._enforce_bounds()
+        self._queue(chunk)
+
+    def submit_points(self, points: list[protocol.NumericPoint], now: float | None = None) -> None:
+        """Queue step points, numbered here in order (their chunk keeps the numbers: a point is given
+        its own only in its JSON). They are encoded now while the agent can be reached, else only if
+        it can again before they go to the file (counted by a bound till then)."""
+        if not points:
+            return
+        first = self._seq + 1
+        self._seq += len(points)
+        chunk = _Chunk(points, range(first, self._seq + 1), time.monotonic() if now is None else now, 0)  # type: ignore[arg-type]
+        if self.agent_absent:
+            chunk.size = sum(map(protocol.size_bound, points))
+        else:
+            self._encode(chunk)
+        self._queue(chunk)
+
+    def _queue(self, chunk: _Chunk) -> None:
+        self._unsent.append(chunk)
+        self._count += len(chunk.seqs)
+        self._bytes += chunk.size
+        if self._count > self.max_unacked or self._bytes > self.max_unacked_bytes:
+            self._enforce_bounds()
 
     def _enforce_bounds(self) -> None:
-        over = (len(self._unsent) + len(self._inflight)) - self.max_unacked
-        spill: list[_Entry] = []
-        while (over > 0 or self._bytes > self.max_unacked_bytes) and (self._inflight or self._unsent):
-            entry = self._inflight.popleft() if self._inflight else self._unsent.popleft()
-            self._bytes -= len(entry.data)
-            spill.append(entry)
-            over -= 1
+        """Record the oldest messages until the buffer is within its bounds again."""
+        spill: list[_Chunk] = []
+        while (self._count > self.max_unacked or self._bytes > self.max_unacked_bytes) and self._count:
+            queue = self._inflight if self._inflight else self._unsent
+            over = self._count - self.max_unacked
+            n = len(queue[0].seqs)
+            spill.append(self._take(queue, over if 0 < over < n and self._bytes <= self.max_unacked_bytes else n))
         if spill:
-            self.guard.report("buffer_full", detail="unacknowledged messages recorded to file")
+            why = f" ({self.unreachable})" if self.unreachable else ""
+            self.guard.report("buffer_full", detail=f"unacknowledged messages recorded to {self.record_path}{why}")
             self._record(spill)
+
+    def _take(self, queue: deque[_Chunk], n: int) -> _Chunk:
+        """The first ``n`` messages of ``queue``'s first chunk, off the buffer's books."""
+        chunk = queue[0]
+        if n < len(chunk.seqs):
+            chunk = chunk.split(n)
+        else:
+            queue.popleft()
+        self._count -= len(chunk.seqs)
+        self._bytes -= chunk.size
+        return chunk
 
     # -- sending ------------------------------------------------------------------------------------
     def pump(self, now: float | None = None) -> None:
@@ -130,16 +212,46 @@ class Client:
             self._send_unsent(now)
         self._expire(now)
 
+    def _encode(self, chunk: _Chunk) -> None:
+        """Encode a chunk of step points, not on the books (a point too large for a datagram is recorded instead)."""
+        msgs = chunk.msgs
+        assert msgs is not None
+        data = protocol.encode_points(msgs, chunk.seqs)  # type: ignore[arg-type]
+        if max(map(len, data)) > protocol.MAX_DATAGRAM:
+            fits = [len(d) <= protocol.MAX_DATAGRAM for d in data]
+            big = [m for m, ok in zip(msgs, fits, strict=True) if not ok]
+            self.guard.report("oversize_message", detail=f"{len(big)} step point(s) over a datagram; recorded to file")
+            self._record([_Chunk(big, (), chunk.t, 0)])
+            chunk.msgs = [m for m, ok in zip(msgs, fits, strict=True) if ok]
+            chunk.seqs = tuple(q for q, ok in zip(chunk.seqs, fits, strict=True) if ok)
+            data = [d for d, ok in zip(data, fits, strict=True) if ok]
+        chunk.size = sum(map(len, data))
+        chunk.data = data
+
     def _send_unsent(self, now: float) -> None:
         endpoint = self.endpoint
         if endpoint is None:
             self._record_all()
             return
-        while self._unsent:
-            n, data = protocol.datagram(e.data for e in self._unsent)
+        unsent = self._unsent
+        while unsent:
+            chunk = unsent[0]
             try:
+                if endpoint.agent_uid is None:
+                    endpoint.connect()  # before encoding: with no agent there, nothing is encoded for nothing
+                if chunk.data is None:  # queued while the agent could not be reached
+                    self._count -= len(chunk.seqs)
+                    self._bytes -= chunk.size
+                    self._encode(chunk)
+                    self._count += len(chunk.seqs)
+                    self._bytes += chunk.size
+                    if not chunk.seqs:
+                        unsent.popleft()
+                        continue
+                n, data = protocol.datagram(chunk.data)  # type: ignore[arg-type]
                 endpoint.send(data)
             except UntrustedSocket as exc:
+                self.unreachable = f"the agent socket {exc}"
                 self.guard.report(
                     "untrusted_socket",
                     detail=f"{exc}: not sending this run's data there; recording to {self.record_path} "
@@ -148,24 +260,40 @@ class Client:
                 self._give_up_sending(now)
                 return
             except KeyError as exc:  # the trusted group names no group on this machine
+                self.unreachable = f"no group {exc} on this machine (GPULSE_SOCKET_GROUP)"
                 self.guard.report("socket_group", detail=f"no group {exc}; recording to {self.record_path}")
                 self._give_up_sending(now)
                 return
             except OSError as exc:
                 if exc.errno in _RETRY_LATER:
                     self._retry_at = now + 0.05
-                else:
-                    if exc.errno not in _AGENT_ABSENT:
-                        self.guard.report("send", exc)
-                    self.agent_absent = True
-                    self._retry_at = now + self.retry_interval
+                    return
+                self.unreachable = f"no agent at {self.path}: {_WHY.get(exc.errno, exc.strerror or str(exc))}"
+                if exc.errno in _NO_PERMISSION:  # will not get better by waiting: say so now, record now
+                    where = f" ({exc.filename})" if exc.filename and exc.filename != self.path else ""
+                    self.unreachable = f"cannot reach the agent at {self.path}: {exc.strerror}{where}"
+                    self.guard.report(
+                        "socket_permission",
+                        detail=f"{self.unreachable}; recording this run's data to {self.record_path}. Fix: "
+                        "give your user access to the socket and its directory (an agent of another user "
+                        "lets a group in with its --socket-group and GPULSE_SOCKET_GROUP), or point "
+                        "GPULSE_SOCKET at an agent of yours",
+                    )
+                    self._give_up_sending(now)
+                    return
+                if exc.errno not in _AGENT_ABSENT:
+                    self.guard.report("send", exc)
+                self.agent_absent = True
+                self._retry_at = now + self.retry_interval
                 return
             self.agent_absent = False
+            self.unreachable = ""
             self.datagrams += 1
-            for _ in range(n):
-                entry = self._unsent.popleft()
-                entry.t = now
-                self._inflight.append(entry)
+            sent = chunk.split(n) if n < len(chunk.seqs) else unsent.popleft()
+            sent.t = now
+            sent.msgs = None  # in flight: only the bytes are kept (see _Chunk)
+            sent.data = tuple(sent.data)  # type: ignore[arg-type]
+            self._inflight.append(sent)
             self.sent += n
 
     def _give_up_sending(self, now: float) -> None:
@@ -178,24 +306,31 @@ class Client:
         rest = list(self._inflight) + list(self._unsent)
         self._inflight.clear()
         self._unsent.clear()
-        self._bytes = 0
+        self._bytes = self._count = 0
         if rest:
             self._record(rest)
 
     def _expire(self, now: float) -> None:
         limit = now - self.ack_timeout
-        spill: list[_Entry] = []
+        spill: list[_Chunk] = []
         for queue in (self._inflight, self._unsent):
             while queue and queue[0].t <= limit:
-                entry = queue.popleft()
-                self._bytes -= len(entry.data)
-                spill.append(entry)
+                spill.append(self._take(queue, len(queue[0].seqs)))
         if spill:
-            self.guard.report(
-                "agent_unavailable",
-                detail=f"no acknowledgement from {self.path} within {self.ack_timeout:g} s; recording to {self.record_path}",
-            )
+            why = self.unreachable or f"no acknowledgement from {self.path} within {self.ack_timeout:g} s"
+            self.guard.report("agent_unavailable", detail=f"{why}; recording to {self.record_path}")
             self._record(spill)
+
+    def recorded_summary(self) -> str | None:
+        """What went to the recording file and why, in one sentence; ``None`` when nothing did."""
+        if not self.recorded:
+            return None
+        why = self.unreachable or "not acknowledged by the agent in time"
+        points = "1 point is" if self.recorded == 1 else f"{self.recorded} points are"
+        return (
+            f"{points} in {self.record_path} ({why}); "
+            f"`gpulse upload {self.record_path}` sends them to the database"
+        )
 
     def read_acks(self) -> None:
         endpoint = self.endpoint
@@ -221,9 +356,9 @@ class Client:
             return
         self.acked_upto = upto
         queue = self._inflight
-        while queue and queue[0].seq <= upto:
-            self._bytes -= len(queue.popleft().data)
-            self.acked += 1
+        while queue and queue[0].seqs[0] <= upto:
+            seqs = queue[0].seqs
+            self.acked += len(self._take(queue, len(seqs) if seqs[-1] <= upto else bisect_right(seqs, upto)).seqs)
 
     def wait_readable(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, waking early when the agent replies."""
@@ -254,8 +389,8 @@ class Client:
             self.endpoint = None
 
     # -- the recording file -------------------------------------------------------------------------
-    def _record(self, entries: list[_Entry]) -> None:
-        points = [e.msg for e in entries if type(e.msg) is protocol.Point]
+    def _record(self, chunks: list[_Chunk]) -> None:
+        points = [p for c in chunks for p in c.points()]
         if not points:
             return
         try:
@@ -265,5 +400,7 @@ class Client:
                 self._recorder = Recorder(self.record_path)
             self.recorded += self._recorder.write(points, self._host)
         except Exception as exc:
-            self.dropped += len(points)
-            self.guard.report("record_write", exc)
+            written, lost = getattr(exc, "written", 0), getattr(exc, "lost", len(points))  # PartialRecording
+            self.recorded += written
+            self.dropped += lost
+            self.guard.report("record_write", exc, f"{self.record_path}: {lost} points not recorded")

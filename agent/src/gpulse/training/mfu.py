@@ -62,19 +62,18 @@ class Mfu:
         else:
             self.peak_label, self.peak = found
 
-    def add(self, fields: dict[str, Any], tokens: int, samples: int | None, dt: float, gpus: int) -> None:
-        """``tflops`` (and ``mfu`` once the peak is known) for a step of ``tokens`` in ``dt`` seconds on ``gpus``."""
+    def rates(self, tokens: int, samples: int | None, dt: float, gpus: int) -> tuple[float, float | None] | None:
+        """``(tflops, mfu)`` for a step of ``tokens`` in ``dt`` seconds on ``gpus`` (``mfu`` once the
+        peak is known); ``None`` without FLOPs per token. Plain floats, whatever type the FLOPs came in."""
         if self.fixed:
             fpt = self.fixed
         elif self.model is not None:
             fpt = self.model.per_token(tokens / samples if samples else None)
         else:
-            return
+            return None
         self.last_fpt = fpt
-        rate = fpt * tokens / dt
-        fields["tflops"] = rate / 1e12
-        if self.peak:
-            fields["mfu"] = rate / (self.peak * max(gpus, 1))
+        rate = float(fpt) * tokens / dt
+        return rate / 1e12, (rate / (float(self.peak) * max(gpus, 1)) if self.peak else None)
 
     def end_fields(self, fields: dict[str, Any]) -> None:
         """The formula, FLOPs per token and peak behind the run's figures, on its end point."""

@@ -71,7 +71,7 @@ class Run:
         max_queue: int = MAX_QUEUE,
         max_unacked: int = 10_000,
         max_unacked_bytes: int = 8 << 20,
-        tick_s: float = 0.05,
+        tick_s: float = 0.5,
     ) -> None:
         self.guard = Guard()
         self._pid = os.getpid()
@@ -238,9 +238,12 @@ class Run:
                 return
             self._say_what_was_lost()
             if self._write_report and self.rank == 0:
-                from gpulse.training.report import write_report
+                from gpulse.training.report import REPORT_FILE, write_report
 
-                write_report(self.report, self.output_dir)
+                try:
+                    write_report(self.report, self.output_dir)
+                except OSError as exc:  # a full disk, a directory gone: say which file
+                    self.guard.report("report_write", exc, f"{REPORT_FILE} not written to {self.output_dir}")
         except Exception as exc:
             self.guard.report("finish", exc)
         finally:
@@ -301,7 +304,8 @@ class Run:
         return fields
 
     def _say_what_was_lost(self) -> None:
-        """One line at the end for each way steps or points were kept nowhere (the counts are in :meth:`stats`)."""
+        """One line at the end for each way steps or points were kept nowhere, and one saying which
+        went to the recording file instead of the agent, and why (the counts are in :meth:`stats`)."""
         import logging  # only now: importing it costs more than all of gpulse.training
 
         log = logging.getLogger(LOGGER_NAME)
@@ -312,6 +316,9 @@ class Run:
                 self.run_id, self.steps.not_kept, self.worker.steps_sent + self.steps.not_kept,
                 self.steps.max_queue, self.client.record_path,
             )  # fmt: skip
+        recorded = self.client.recorded_summary()
+        if recorded:  # said once, here: a short run without an agent would otherwise say nothing at all
+            log.warning("gpulse: run %s: %s", self.run_id, recorded)
         if self.client.dropped:
             log.warning(
                 "gpulse: run %s: %d points were neither acknowledged by an agent nor recorded to %s (see record_write)",

@@ -1,7 +1,10 @@
 """The run's background thread: queued step records become points, sent to the agent or recorded.
 
-It drains the training thread's queue in slices of at most :data:`SLICE` records and talks to the
-agent between two slices, so a flood of steps cannot keep points from reaching the agent. A step
+It wakes every ``tick_s`` (and at once for ``finish()``), drains the training thread's queue in
+slices of at most :data:`SLICE` records and talks to the agent between two slices, so a flood of
+steps cannot keep points from reaching the agent. Each slice's steps become step points
+(:class:`~gpulse.channel.protocol.NumericPoint`, made by :mod:`gpulse.training.points`) handed to
+the client in one go; what a step costs here is measured by ``bench/bench_step.py``. A step
 with GPU timings waits (without blocking anything) until its CUDA events have completed, at most
 :data:`GPU_WAIT_S`; then it is sent without them. Every point also goes to the report buffer.
 Every :data:`GPU_REFRESH_S` (and as soon as CUDA is found) it registers the rank's GPUs with the
@@ -16,7 +19,7 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
-from gpulse.channel.protocol import Point, Register, Unregister
+from gpulse.channel.protocol import NumericPoint, Point, PointHead, Register, Unregister
 from gpulse.training.client import Client
 from gpulse.training.errors import Guard
 from gpulse.training.points import PointMaker, finite_fields
@@ -62,6 +65,7 @@ class Worker:
         self.run_id = tags.get("run", "")
         self.rank = tags.get("rank", "0")
         self.pid = 0
+        self._step_head = PointHead("train_step", tags)
         self._pending_gpu: deque[tuple[StepRecord, float]] = deque()
         self._offset_ns = time.time_ns() - perf_counter_ns()
         self._stop = threading.Event()
@@ -101,7 +105,9 @@ class Worker:
             if stopping and not more:
                 break
             if not more:
-                self.client.wait_readable(self.tick_s)
+                # a tick, not the socket: waking for each ack costs more than it brings (acks are read
+                # every tick), and finish() wakes the thread at once
+                self._stop.wait(self.tick_s)
         try:
             if self._end_point is not None:
                 self.emit(self._end_point())
@@ -132,18 +138,22 @@ class Worker:
         """Handle up to :data:`SLICE` queued records; whether more are waiting."""
         q = self.steps.queue
         pending = self._pending_gpu
-        for _ in range(SLICE):
-            if not q:
-                break
+        now = time.monotonic()
+        points: list[NumericPoint] = []
+        cuda_logs = self.steps.cuda.timer is not None  # only then can a logged value be a pending copy
+        for _ in range(min(SLICE, len(q))):
             item = q.popleft()
             if type(item) is StepRecord:
-                if item.gpu_pairs or _has_cuda_logs(item.logs):
-                    pending.append((item, time.monotonic()))
+                if item.gpu_pairs or (cuda_logs and _has_cuda_logs(item.logs)):
+                    pending.append((item, now))
                 else:
-                    self._emit_step(item, None)
+                    points.append(self._step_point(item, None))
             else:
+                self._send_steps(points, now)  # first: the queue's order is kept
                 self.emit(item)
-        self._drain_gpu(final)
+        self._send_steps(points, now)
+        if pending:
+            self._drain_gpu(final)
         return bool(q)
 
     def _drain_gpu(self, final: bool) -> None:
@@ -174,7 +184,7 @@ class Worker:
                     for key in [k for k, v in logs.items() if type(v) is tuple]:
                         del logs[key]
                 pending.popleft()
-                self._emit_step(rec, None)
+                self._send_steps([self._step_point(rec, None)], time.monotonic())
                 continue
             pending.popleft()
             times = None
@@ -184,12 +194,20 @@ class Worker:
                     times = timer.read(pairs)
                 except Exception as exc:
                     self.guard.report("cuda_elapsed", exc)
-            self._emit_step(rec, times)
+            self._send_steps([self._step_point(rec, times)], time.monotonic())
 
-    def _emit_step(self, rec: StepRecord, gpu_times: dict[str, float] | None) -> None:
-        fields = self.points.step_fields(rec, self._offset_ns, gpu_times)
-        self.emit(Point("train_step", rec.t1_ns + self._offset_ns, self.tags, fields))
-        self.steps_sent += 1
+    def _step_point(self, rec: StepRecord, gpu_times: dict[str, float] | None) -> NumericPoint:
+        """A step's point, also kept for the report (which reads its fields only at finish)."""
+        point = self.points.step_point(rec, self._offset_ns, gpu_times, self._step_head)
+        self.report.add("train_step", self.tags, point, point.ts)  # type: ignore[arg-type]
+        return point
+
+    def _send_steps(self, points: list[NumericPoint], now: float) -> None:
+        """Hand step points to the client in one go (and empty the list)."""
+        if points:
+            self.client.submit_points(points[:], now)
+            self.steps_sent += len(points)
+            points.clear()
 
     def emit(self, point: Point) -> None:
         """Send ``point`` (to the agent, or the file) and keep it for the report."""

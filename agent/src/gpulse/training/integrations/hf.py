@@ -93,6 +93,10 @@ class GpulseCallback(TrainerCallback):
             run.enter_phase("backward")
 
     # -- steps --------------------------------------------------------------------------------------
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # the Trainer fetches the first step's micro-batches between here and on_step_begin: its data wait
+        self._idle_since = perf_counter_ns()
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         run = self.run
         if run is None:

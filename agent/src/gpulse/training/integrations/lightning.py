@@ -46,6 +46,10 @@ class GpulseLightningCallback(Callback):
         if self.run.mfu.needs_model:
             self.run.watch_model(pl_module)
 
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        # the loop fetches (prefetches) a batch between here and the first on_train_batch_start: its data wait
+        self._idle_since = perf_counter_ns()
+
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         run = self.run
         if run is None:

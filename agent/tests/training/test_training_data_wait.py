@@ -1,0 +1,101 @@
+"""The first step's data wait is counted too (issue 13, item 7): with the HF Trainer and with
+Lightning, the batch fetched for step 1 used to be in no step's ``data_wait_s``.
+
+Ground truth comes from the dataset itself: every ``__getitem__`` records when it ran (Unix ns, the
+clock of ``start_time_ns``), so the test knows which fetches fall inside step 1's wait."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from test_training_lightning import Tiny
+from training_support import Agent
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from gpulse.training.hf import GpulseCallback
+from gpulse.training.lightning import GpulseLightningCallback
+
+SEQ = 16
+FETCH_S = 0.01  # per item
+
+
+class TimedItems(torch.utils.data.Dataset):
+    """Items that take ``FETCH_S`` each to load, and remember when they were loaded."""
+
+    def __init__(self, n: int, item) -> None:
+        self.n = n
+        self.item = item
+        self.calls: list[tuple[int, int]] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        t0 = time.time_ns()
+        time.sleep(FETCH_S)
+        self.calls.append((t0, time.time_ns()))
+        return self.item(i)
+
+
+def fetched_during_the_wait(data: TimedItems, step) -> float:
+    """Seconds of ``__getitem__`` that ran inside ``step``'s data wait."""
+    start = step.fields["start_time_ns"]
+    since = start - step.fields["data_wait_s"] * 1e9 - 1e6
+    return sum(t1 - t0 for t0, t1 in data.calls if t0 >= since and t1 <= start) / 1e9
+
+
+@pytest.fixture
+def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    a = Agent(tmp_path)
+    monkeypatch.setenv("GPULSE_SOCKET", a.path)
+    yield a
+    a.close()
+
+
+def first_step(agent: Agent):
+    return min(agent.points("train_step"), key=lambda p: p.fields["step"])
+
+
+def test_the_trainer_s_first_step_waits_for_its_own_micro_batches(agent: Agent, tmp_path: Path) -> None:
+    batch, accum = 2, 2
+
+    def tokens(i: int) -> dict:
+        ids = torch.randint(0, 100, (SEQ,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=SEQ))
+    data = TimedItems(32, tokens)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accum, save_strategy="no", report_to=[], use_cpu=True,
+        dataloader_num_workers=0, disable_tqdm=True,
+    )  # fmt: skip
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[GpulseCallback()]).train()
+    step = first_step(agent)
+    assert step.fields["step"] == 1 and "data_wait_s" in step.fields
+    fetched = fetched_during_the_wait(data, step)
+    assert fetched >= batch * accum * FETCH_S  # all of step 1's items were loaded inside its wait
+    assert fetched >= 0.8 * step.fields["data_wait_s"]  # and the wait is mostly that loading
+
+
+def test_lightning_s_first_step_waits_for_the_batch_the_loop_fetches_before_it(agent: Agent, tmp_path: Path) -> None:
+    """Lightning prefetches: batch 1 is loaded while the loop is set up, and each step's wait holds
+    the next batch's loading, step 1's included."""
+    batch = 4
+    data = TimedItems(3 * batch, lambda i: (torch.randn(4), torch.randn(1)))
+    trainer = pl.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, callbacks=[GpulseLightningCallback()],
+        default_root_dir=str(tmp_path / "out"), logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=batch))
+    step = first_step(agent)
+    assert step.fields["step"] == 1 and "data_wait_s" in step.fields
+    fetched = fetched_during_the_wait(data, step)
+    assert fetched >= batch * FETCH_S  # one whole batch was loaded inside step 1's wait
+    assert fetched >= 0.8 * step.fields["data_wait_s"]
