@@ -22,6 +22,8 @@ from gpulse.training.mfu import Mfu
 from gpulse.training.step import StepRecord
 
 STANDARD_PHASES = ("forward", "backward", "optimizer")
+#: GPU timings of communication (:mod:`gpulse.training.comm`) and the fields they fill
+COMM_FIELDS = {"comm": "comm_s", "comm_in_flight": "comm_in_flight_s"}
 #: Longest ``train_run.config`` JSON kept (the schema's string limit).
 MAX_CONFIG = 4096
 _INF = float("inf")
@@ -59,11 +61,13 @@ class PointMaker:
                 fields[key] = fields.get(key, 0.0) + ns / 1e9
         if gpu_times:
             for name, s in gpu_times.items():
-                key = "comm_s" if name == "comm" else self._phase_key(name, True)
+                key = COMM_FIELDS.get(name) or self._phase_key(name, True)
                 if key is not None:
                     fields[key] = s
         if rec.comm_ns is not None:
             fields["comm_s"] = rec.comm_ns / 1e9
+        if rec.inflight_ns is not None:
+            fields["comm_in_flight_s"] = rec.inflight_ns / 1e9
         samples, tokens = rec.samples, rec.tokens
         if samples:
             fields["samples"] = samples
