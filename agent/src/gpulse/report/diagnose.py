@@ -217,9 +217,10 @@ def communication(r: RunReport, t: Thresholds) -> Outcome:
         return None
     flight = r.communication_in_flight_ratio
     in_flight = f"; collectives were in flight {_pct(flight)} of it, overlapped or not" if flight is not None else ""
+    partial = " This report lacks ranks: part of the wait may be for a slower rank." if r.partial else ""
     return Hit(
         f"{_pct(cr)} of step time is spent waiting for communication after backward's compute "
-        f"(communication that does not overlap with compute){in_flight}.",
+        f"(communication that does not overlap with compute){in_flight}.{partial}",
         f"communication_time_ratio > {t.communication_ratio}",
         {"ratio": cr, "in_flight_ratio": flight},
     )

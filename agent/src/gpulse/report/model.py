@@ -386,7 +386,7 @@ def _coverage(info: RunInfo, reason: str | None) -> str | None:
     if reason:
         return reason
     if missing:
-        return f"no points from rank(s) {', '.join(map(str, missing))} of world size {info.world_size}"
+        return f"no points from rank(s) {', '.join(map(str, missing))}"
     return None
 
 
