@@ -241,6 +241,10 @@ class WaitProbe:
             self.steps.cuda.release(start)
             return
         end = self.steps.record_event()
+        if end is None:  # the event pool is used up (the GPU is far behind): no time for this backward
+            self.steps.cuda.release(start, self.timer.first_issue)
+            self.timer.first_issue = None
+            return
         in_flight_end = self.steps.record_event() if self.timer.first_issue is not None else None
         self.timer.add_gpu_wait(start, end, in_flight_end)
 

@@ -31,6 +31,11 @@ GRACE_S = 2.0
 SAY_WAITING_AFTER_S = 2.0
 
 
+def rows_per_rank(world: int) -> int:
+    """Step rows each rank hands over, so that rank 0 gets at most about :data:`MAX_ROWS`."""
+    return max(MIN_ROWS, MAX_ROWS // max(world, 1))
+
+
 @dataclass
 class Gathered:
     """What rank 0 got: the other ranks' rows, and why the report is partial (``None``: it is not)."""
@@ -39,10 +44,6 @@ class Gathered:
     runs: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     partial_reason: str | None = None
-
-
-def rows_per_rank(world: int) -> int:
-    return max(MIN_ROWS, MAX_ROWS // max(world, 1))
 
 
 def pack(steps: list[dict[str, Any]], runs: list[dict[str, Any]], events: list[dict[str, Any]]) -> bytes:

@@ -230,7 +230,7 @@ class Run:
         self.steps.add_data_wait(ns)
 
     def add_comm(self, ns: int) -> None:
-        """Add communication time to the current step (the DDP comm hook does this)."""
+        """Add time the current step waited for communication (``comm_s``; :mod:`gpulse.training.comm` does this)."""
         self.steps.add_comm(ns)
 
     @property
