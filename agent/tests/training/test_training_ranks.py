@@ -181,3 +181,39 @@ def test_rank_0_waits_for_the_ranks_that_announced_themselves_and_names_the_miss
     assert time.monotonic() - t0 < 5.0
     other = RankExchange(store, "run-b", 0, 2)  # another run's slot is its own
     assert other.collect(0.2, said.append).partial_reason is not None
+
+
+def test_a_distributed_run_started_before_torch_was_imported_still_times_its_backward(tmp_path: Path) -> None:
+    """The parameters come from the first optimizer step once torch is there (tried again at step ends)."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from gpulse.training import Run
+        assert "torch" not in sys.modules
+        run = Run(name="late-torch", output_dir=sys.argv[1], write_report=False)
+        import torch
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        comm = []
+        for _ in range(4):
+            with run.step(samples=2):
+                model(torch.randn(2, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            comm.append(run.steps.last.comm_ns)
+        run.finish()
+        print(json.dumps({"comm": comm, "errors": run.stats()["errors"]}))
+        """
+    )
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "GPULSE_SOCKET": str(tmp_path / "no-agent.sock")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # step 1 ends with torch imported: the optimizer hook is set; step 2's optimizer step hands over
+    # the parameters; from step 3 on every backward is timed (no DDP here: the wait is about nothing)
+    assert out["comm"][:2] == [None, None] and all(c is not None and c >= 0 for c in out["comm"][2:]), out
+    assert out["errors"] == {}

@@ -85,15 +85,20 @@ class CommTimer:
         #: CUDA event of the first bucket issued in the current backward (comm hook on CUDA)
         self.first_issue: Any = None
         self._optimizer_hook: Any = None
+        self.closed = False
         self.steps.on_step_end(self.close_step)
 
     # -- what the probe and the hook hand in ---------------------------------------------------------
     def add_interval(self, t0: int, t1: int) -> None:
+        if self.closed:  # DDP keeps the comm hook after the run: nothing may pile up here
+            return
         with self.lock:
             self.intervals.append((t0, t1))
 
     def add_wait(self, t0: int, t1: int) -> None:
         """An exposed wait measured on the host (CPU)."""
+        if self.closed:
+            return
         self.steps.add_comm(t1 - t0)
         if self.hooked:
             self.add_interval(t0, t1)
@@ -112,7 +117,7 @@ class CommTimer:
             self.steps.cuda.release(first, in_flight_end)
 
     def issued_on_cuda(self) -> None:
-        if self.first_issue is None:
+        if self.first_issue is None and not self.closed:
             self.first_issue = self.steps.record_event() if self.steps.timer is not None else None
 
     def close_step(self) -> None:
@@ -159,6 +164,14 @@ class CommTimer:
         hook, self._optimizer_hook = self._optimizer_hook, None
         if hook is not None:
             hook.remove()
+
+    def close(self) -> None:
+        """The run finished: take the hooks off (a comm hook cannot be taken off DDP: it is muted)."""
+        self.closed = True
+        self.forget_optimizers()
+        if self.probe is not None:
+            self.probe.remove()
+        self.intervals = []
 
 
 class WaitProbe:
@@ -247,6 +260,11 @@ class WaitProbe:
             return
         in_flight_end = self.steps.record_event() if self.timer.first_issue is not None else None
         self.timer.add_gpu_wait(start, end, in_flight_end)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
     def _learned(self) -> None:
         """After the first backward, keep hooks on the first and the last gradient only."""

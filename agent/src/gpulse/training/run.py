@@ -280,7 +280,7 @@ class Run:
             self.guard.report("finish", exc)
         finally:
             if self.comm_timer is not None:
-                self.comm_timer.forget_optimizers()
+                self.comm_timer.close()
             try:
                 atexit.unregister(self._atexit)
             except Exception:
