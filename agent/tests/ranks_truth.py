@@ -45,10 +45,11 @@ DDP_SCENARIOS: dict[str, dict[str, Any]] = {
     "ddp-little-overlap": {"layers": 2, "width": 2048, "bucket_mb": 16, "batch": 32, "steps": 40, "pairs": True},
     # six buckets of one layer each: most of the all-reduce runs beside backward
     "ddp-heavy-overlap": {"layers": 6, "width": 1024, "bucket_mb": 4, "batch": 64, "steps": 40, "pairs": True},
-    # rank 1 sleeps 30 ms per step beside the same compute as rank 0; a tiny DDP model (the all-reduce
-    # is negligible); no attach_ddp
-    "straggler": {"layers": 2, "width": 64, "bucket_mb": 25, "batch": 64, "steps": 40, "pairs": True,
-                  "sleep_rank": 1, "sleep_s": 0.03, "attach": False, "compute_layers": 5, "compute_width": 2048},
+    # rank 1 sleeps 80 ms per step beside the same compute as rank 0 (about 15 ms, so that it stays a
+    # straggler on a loaded machine); a tiny DDP model: the all-reduce is negligible (also when a loaded
+    # machine makes it take a few ms); no attach_ddp
+    "straggler": {"layers": 2, "width": 64, "bucket_mb": 25, "batch": 64, "steps": 30, "pairs": True,
+                  "sleep_rank": 1, "sleep_s": 0.08, "attach": False, "compute_layers": 3, "compute_width": 1536},
     # a loader that takes 20 ms per batch, next() timed by gpulse (wrap_loader)
     "data-bound": {"layers": 2, "width": 512, "bucket_mb": 25, "batch": 32, "steps": 30, "pairs": False,
                    "load_s": 0.02},
