@@ -217,3 +217,22 @@ def test_a_distributed_run_started_before_torch_was_imported_still_times_its_bac
     # the parameters; from step 3 on every backward is timed (no DDP here: the wait is about nothing)
     assert out["comm"][:2] == [None, None] and all(c is not None and c >= 0 for c in out["comm"][2:]), out
     assert out["errors"] == {}
+
+
+def test_without_a_process_group_rank_0_s_report_says_it_covers_rank_0_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from gpulse.training import Run
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a launcher's environment, but no init_process_group
+    run = Run(name="no-group", output_dir=tmp_path, socket_path=str(tmp_path / "no-agent.sock"))
+    for _ in range(3):
+        with run.step(samples=2):
+            pass
+    run.finish()
+    doc = json.loads((tmp_path / "metrics_report.json").read_text())
+    assert doc["partial"] is True and doc["run"]["ranks"] == [0] and doc["train_samples"] == 6
+    assert doc["partial_reason"].startswith("no torch.distributed process group to gather the other ranks' points")

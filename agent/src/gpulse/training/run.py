@@ -299,12 +299,15 @@ class Run:
         if self.rank != 0:
             if exchange is not None:
                 rows = self.report.step_rows(rows_per_rank(self.world_size))
-                exchange.hand_over(pack(rows, self.report.runs, self.report.events))
+                try:
+                    exchange.hand_over(pack(rows, self.report.runs, self.report.events))
+                except Exception as exc:
+                    self.guard.report("gather", exc, "rank 0's metrics_report.json will lack this rank")
             return
         if exchange is None:
             others = Gathered(
-                partial_reason="the other ranks could not hand over their points: torch.distributed was not "
-                "initialised when this Run started (start it after init_process_group)"
+                partial_reason="no torch.distributed process group to gather the other ranks' points through "
+                "(gpulse uses its key-value store): create the Run after init_process_group"
             )
         else:
             import logging
