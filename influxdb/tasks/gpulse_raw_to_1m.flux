@@ -18,7 +18,7 @@ means = () =>
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(active)$/)
             or (r._measurement == "gpu_process" and r._field =~ /^(mem_used_bytes|sm_util_pct|mem_util_pct)$/)
             or (r._measurement == "agent" and r._field =~ /^(cycle_ms|gpus|gpus_lost|spool_bytes|buffer_lines|write_latency_ms|last_write_age_s|runs_registered|uptime_s)$/)
-            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
+            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
 
 means()
     |> aggregateWindow(every: 1m, fn: mean, createEmpty: false, timeSrc: "_start")
@@ -32,7 +32,7 @@ maxima = () =>
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(active)$/)
             or (r._measurement == "gpu_process" and r._field =~ /^(mem_used_bytes|sm_util_pct|mem_util_pct)$/)
             or (r._measurement == "agent" and r._field =~ /^(cycle_ms|gpus|gpus_lost|spool_bytes|buffer_lines|write_latency_ms|last_write_age_s|runs_registered|uptime_s)$/)
-            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
+            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
 
 maxima()
     |> aggregateWindow(every: 1m, fn: max, createEmpty: false, timeSrc: "_start")
@@ -47,7 +47,7 @@ minima = () =>
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(active)$/)
             or (r._measurement == "gpu_process" and r._field =~ /^(mem_used_bytes|sm_util_pct|mem_util_pct)$/)
             or (r._measurement == "agent" and r._field =~ /^(cycle_ms|gpus|gpus_lost|spool_bytes|buffer_lines|write_latency_ms|last_write_age_s|runs_registered|uptime_s)$/)
-            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
+            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
 
 minima()
     |> aggregateWindow(every: 1m, fn: min, createEmpty: false, timeSrc: "_start")

@@ -352,7 +352,20 @@ TRAIN_STEP = Measurement(
         _f("forward_gpu_s", "float", "s", "forward phase, GPU time (CUDA events)"),
         _f("backward_gpu_s", "float", "s", "backward phase, GPU time (CUDA events)"),
         _f("optimizer_gpu_s", "float", "s", "optimizer phase, GPU time (CUDA events)"),
-        _f("comm_s", "float", "s", "communication time measured in the step (comm hook / NCCL timing)"),
+        _f(
+            "comm_s",
+            "float",
+            "s",
+            "exposed communication: time the step waited for gradient communication after backward's compute "
+            "(includes waiting for slower ranks; the report separates the two)",
+        ),
+        _f(
+            "comm_in_flight_s",
+            "float",
+            "s",
+            "time any collective of the step was in flight or waited for (DDP comm hook); overlapped with compute "
+            "where comm_s is smaller",
+        ),
         _f("samples", "int", "count", "samples processed in the step"),
         _f("tokens", "int", "count", "tokens processed in the step"),
         _f("samples_per_s", "float", "1/s", "samples / step time"),
@@ -382,6 +395,8 @@ TRAIN_RUN = Measurement(
         _i("peak_flops", "float", "FLOP/s", "peak FLOP/s per device used for MFU"),
         _i("flops_per_token", "float", "FLOP", "training FLOPs per token used for MFU"),
         _i("steps", "int", "count", "steps completed (at end)"),
+        _i("samples", "int", "count", "samples of all the rank's steps (at end)"),
+        _i("tokens", "int", "count", "tokens of all the rank's steps (at end)"),
         _i("duration_s", "float", "s", "run duration (at end)"),
         _i("pid", "int", "", "training process id"),
     ),

@@ -94,13 +94,52 @@ def test_imbalance_compares_each_rank_and_gpu_with_the_median():
 
 
 def test_a_straggler_hidden_behind_ddp_waiting_is_found_through_compute_time():
-    """In DDP every rank's step takes as long as the slowest; the fast ones spend the gap in comm."""
+    """In DDP every rank's step takes as long as the slowest; the fast ones spend the gap waiting at the
+    all-reduce. That wait is the straggler's extra work, not communication: the slow rank waits for no
+    one, so its wait (4 ms) is the all-reduce, 2 % of the step, below the communication threshold."""
     steps = make_steps(ranks=2)
     for row in steps:
         row["step_time_s"] = 0.2
-        row["comm_s"] = 0.01 if row["rank"] == "1" else 0.15
+        row["comm_s"] = 0.004 if row["rank"] == "1" else 0.144
+    r = build_report(steps, [], [], [])
+    assert ids(r) == {"rank_imbalance"}  # no communication finding
+    assert r.communication_time_ratio == pytest.approx(0.02)  # the all-reduce on both ranks' steps
+    assert r.wait_for_slower_ranks_ratio == pytest.approx(0.35)  # rank 0: 0.14 of its 0.2 s, half the steps
+    assert [x.wait_for_slower_ranks_s for x in r.per_rank] == pytest.approx([0.14, 0.0])
+    finding = next(f for f in r.diagnosis if f.id == "rank_imbalance")
+    assert finding.data["ranks"] == [1] and finding.data["wait_caused_s"] == pytest.approx(0.14)
+    assert (
+        "rank 1 " in finding.evidence and "wait 0.1400 s per step for it (70.0% of their step time)" in finding.evidence
+    )
+
+
+def test_communication_is_the_least_waiting_rank_s_wait_and_the_rest_is_waiting_for_slower_ranks():
+    """Without a straggler every rank waits about as long: the communication is what they all wait."""
+    steps = make_steps(ranks=2)
+    for row in steps:
+        row["comm_s"] = 0.03 if row["rank"] == "0" else 0.032
+        row["comm_in_flight_s"] = 0.06
+    r = build_report(steps, [], [], [])
+    assert r.communication_time_ratio == pytest.approx(0.3)
+    assert r.wait_for_slower_ranks_ratio == pytest.approx(0.01)
+    assert r.communication_in_flight_ratio == pytest.approx(0.6)
+    finding = next(f for f in r.diagnosis if f.id == "communication")
+    assert "30.0% of step time is spent waiting for communication" in finding.evidence
+    assert "in flight 60.0%" in finding.evidence and "rank_imbalance" not in ids(r)
+    assert "lacks ranks" not in finding.evidence
+    alone = build_report([row for row in steps if row["rank"] == "0"], [], [], [])  # rank 1's points missing
+    assert "This report lacks ranks: part of the wait may be for a slower rank." in alone.diagnosis[0].evidence
+
+
+def test_a_slow_data_loader_on_one_rank_makes_it_the_straggler():
+    """Rank 1 waits 0.1 s for each batch; rank 0 spends those 0.1 s waiting for rank 1 at the all-reduce."""
+    steps = make_steps(ranks=2, wait_s=0.0)
+    for row in steps:
+        slow = row["rank"] == "1"
+        row.update(data_wait_s=0.1 if slow else 0.0, step_time_s=0.1 if slow else 0.2, comm_s=0.002 if slow else 0.102)
     r = build_report(steps, [], [], [])
     assert "rank_imbalance" in ids(r) and next(f for f in r.diagnosis if f.id == "rank_imbalance").data["ranks"] == [1]
+    assert "communication" not in ids(r)
 
 
 def test_throttling_fires_above_ten_percent_of_samples():

@@ -13,6 +13,7 @@ from support.fixtures import gpulse_cmd
 from gpulse.lineprotocol.encode import Encoder
 from gpulse.report.html import render_html
 from gpulse.report.model import build_report
+from gpulse.report.text import render_text
 
 T0 = 1_700_000_000_000_000_000
 S = 10**9
@@ -259,3 +260,44 @@ def test_gpulse_report_from_influxdb_equals_the_report_from_the_same_points_in_a
         timeout=60,
     )
     assert res.returncode == 0 and "run r1" in res.stdout  # the only run in the database is picked
+
+
+def test_a_report_without_some_ranks_is_partial_and_says_which():
+    steps = [r for r in make_steps(ranks=3) if r["rank"] != "2"]
+    r = build_report(steps, [], [], [])
+    assert r.partial is True and r.partial_reason == "no points from rank(s) 2"
+    assert "PARTIAL: this report covers rank(s) 0, 1 of world size 3: no points from rank(s) 2" in render_text(r)
+    assert "Partial report" in render_html(r, steps, [], [])
+    whole = build_report(make_steps(ranks=3), [], [], [])
+    assert whole.partial is False and whole.partial_reason is None and "PARTIAL" not in render_text(whole)
+    why = build_report(make_steps(ranks=3), [], [], [], partial_reason="rank(s) 2 did not finish within 30 s")
+    assert why.partial is True and why.partial_reason == "rank(s) 2 did not finish within 30 s"
+
+
+def test_totals_count_every_step_of_a_rank_whose_rows_were_thinned_out():
+    """A report buffer keeps every n-th step of a long run; each rank's end point counts all of them."""
+    steps = [r for r in make_steps(ranks=2, n=20) if r["step"] % 2 == 0]  # every 2nd step kept
+    ends = [
+        {"time": T0 + 10 * S, "run": "r1", "rank": str(rank), "event": "end", "status": "finished",
+         "steps": 20, "samples": 160, "tokens": 160 * 128, "duration_s": 4.0}
+        for rank in (0, 1)
+    ]  # fmt: skip
+    r = build_report(steps, [], ends, [])
+    assert (r.train_steps, r.train_samples, r.train_tokens) == (20, 320, 320 * 128)
+    assert r.train_samples_per_second == pytest.approx(80.0)
+    assert [x.samples_per_second for x in r.per_rank] == pytest.approx([40.0, 40.0])
+
+
+def test_a_distributed_run_without_communication_timing_gets_a_one_line_hint():
+    steps = make_steps(ranks=2)
+    r = build_report(steps, [], [], [])
+    assert len(r.hints) == 1 and "attach_ddp(run, ddp_model)" in r.hints[0]
+    assert f"  hint: {r.hints[0]}" in render_text(r)
+    assert any("no comm_s in the steps" in n and "attach_ddp" in n for n in r.not_evaluated)
+    for row in steps:
+        row["comm_s"] = 0.001
+    assert "Communication in flight was not timed" in build_report(steps, [], [], []).hints[0]
+    for row in steps:
+        row["comm_in_flight_s"] = 0.002
+    assert build_report(steps, [], [], []).hints == []
+    assert build_report(make_steps(ranks=1), [], [], []).hints == []  # one process: nothing to time

@@ -34,6 +34,16 @@ def worker(rank: int, world: int, init_file: str, sock: str, out: str) -> None:
                     opt.zero_grad()
         run.finish()
         assert run.stats()["errors"] == {}, run.stats()
+        # training goes on after the run: its hooks are off (DDP keeps the comm hook, muted)
+        again = Run(name="ddp-2", output_dir=out, socket_path=sock + ".none", write_report=False)
+        attach_ddp(again, model)  # the wait probe; DDP takes one comm hook only, so no time in flight
+        with again.step(samples=4):
+            model(torch.randn(4, 256)).square().mean().backward()
+        assert run.comm_timer.intervals == [] and run.comm_timer.probe.handles == []
+        assert again.steps.last is not None and again.steps.last.comm_ns > 0
+        assert again.steps.last.inflight_ns is None
+        again.finish()
+        assert again.stats()["errors"] == {"comm_hook": 1}, again.stats()
     finally:
         dist.destroy_process_group()
 
@@ -52,7 +62,9 @@ def test_two_gloo_ranks_report_under_one_run_id(tmp_path: Path, monkeypatch: pyt
         ]
         assert {p.tags["world_size"] for p in steps} == {"2"}
         for p in steps:
-            assert 0 < p.fields["comm_s"] <= p.fields["backward_s"]  # all-reduce time, inside backward
+            # the wait for the all-reduce is inside backward; the time in flight covers the wait
+            assert 0 < p.fields["comm_s"] <= p.fields["backward_s"]
+            assert p.fields["comm_s"] <= p.fields["comm_in_flight_s"]
         runs = agent.points("train_run")
         assert sorted((r.tags["rank"], r.fields["event"]) for r in runs) == [
             ("0", "end"), ("0", "start"), ("1", "end"), ("1", "start"),

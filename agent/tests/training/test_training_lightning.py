@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -69,5 +70,62 @@ def test_the_lightning_callback_sends_every_batch_with_phases(tmp_path: Path, mo
         runs = agent.points("train_run")
         assert [(r.fields["event"], r.fields["status"]) for r in runs] == [("start", "running"), ("end", "finished")]
         assert callback.run.stats()["errors"] == {}
+    finally:
+        agent.close()
+
+
+class Recorded(Tiny):
+    """Keeps each batch's loss as ``training_step`` returns it (what ``self.log`` would show)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.raw.append(float(loss.detach()))
+        return loss
+
+
+class SlowerPairs(SlowPairs):
+    def __getitem__(self, i: int):
+        time.sleep(0.004)
+        return torch.randn(4), 10 * torch.randn(1)
+
+
+def test_with_gradient_accumulation_a_step_is_an_optimizer_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accumulate_grad_batches=2: one step per trainer.global_step, its two batches' samples, the mean
+    of their losses as training_step returned them, and the fetch between them counted once, as data wait."""
+    agent = Agent(tmp_path)
+    monkeypatch.setenv("GPULSE_SOCKET", agent.path)
+    try:
+        module = Recorded()
+        trainer = pl.Trainer(
+            max_epochs=1,
+            accelerator="cpu",
+            devices=1,
+            accumulate_grad_batches=2,
+            callbacks=[GpulseLightningCallback()],
+            default_root_dir=str(tmp_path / "out"),
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(module, torch.utils.data.DataLoader(SlowerPairs(), batch_size=8))
+        steps = sorted(agent.points("train_step"), key=lambda p: p.fields["step"])
+        assert trainer.global_step == 3 and len(module.raw) == 5  # 5 batches: 2 + 2, and 1 stepped at the epoch end
+        assert [p.fields["step"] for p in steps] == [1, 2, 3]
+        assert [p.fields["samples"] for p in steps] == [16, 16, 8]
+        expected = [(module.raw[0] + module.raw[1]) / 2, (module.raw[2] + module.raw[3]) / 2, module.raw[4]]
+        assert [p.fields["log_loss"] for p in steps] == pytest.approx(expected, rel=1e-6)
+        for prev, p in itertools.pairwise(steps):
+            f = p.fields
+            assert f["data_wait_s"] > 2 * 8 * 0.004 if f["samples"] == 16 else f["data_wait_s"] > 8 * 0.004
+            # the fetch inside the step is data wait, not step time: wait + step = the time since the last step
+            since = (f["end_time_ns"] - prev.fields["end_time_ns"]) / 1e9
+            assert f["data_wait_s"] + f["step_time_s"] == pytest.approx(since, abs=0.01)
     finally:
         agent.close()

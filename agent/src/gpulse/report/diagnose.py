@@ -50,7 +50,7 @@ class Thresholds:
         40.0, "%", "... while SM activity (GPM) is below this: busy but mostly idle SMs"
     )
     imbalance_factor: float = _limit(
-        1.5, "×", "a rank (compute time) or GPU (busy time) this many times worse than the median"
+        1.5, "×", "a rank (data wait + compute per step) or GPU (busy time) this many times worse than the median"
     )
     imbalance_min_util_pct: float = _limit(
         10.0, "%", "GPU imbalance is judged only when the median GPU is busier than this"
@@ -213,13 +213,17 @@ def data_loading(r: RunReport, t: Thresholds) -> Outcome:
 def communication(r: RunReport, t: Thresholds) -> Outcome:
     cr = r.communication_time_ratio
     if cr is None:
-        return NotEvaluated("no comm_s in the steps")
+        return NotEvaluated("no comm_s in the steps" + (f" ({r.hints[0]})" if r.hints else ""))
     if cr <= t.communication_ratio:
         return None
+    flight = r.communication_in_flight_ratio
+    in_flight = f"; collectives were in flight {_pct(flight)} of it, overlapped or not" if flight is not None else ""
+    partial = " This report lacks ranks: part of the wait may be for a slower rank." if r.partial else ""
     return Hit(
-        f"{_pct(cr)} of step time is communication that does not overlap with compute.",
+        f"{_pct(cr)} of step time is spent waiting for communication after backward's compute "
+        f"(communication that does not overlap with compute){in_flight}.{partial}",
         f"communication_time_ratio > {t.communication_ratio}",
-        {"ratio": cr},
+        {"ratio": cr, "in_flight_ratio": flight},
     )
 
 
@@ -330,14 +334,25 @@ def rank_imbalance(r: RunReport, t: Thresholds) -> Outcome:
     slow = [x for x in timed if (x.slowdown_vs_median or 0) > t.imbalance_factor] if len(timed) >= 2 else []
     if not slow:
         return None
+    others = [x for x in r.per_rank if x not in slow and x.wait_for_slower_ranks_s is not None]
+    wait = statistics.fmean([x.wait_for_slower_ranks_s or 0.0 for x in others]) if others else None
+    step = statistics.fmean([x.mean_step_time_s or 0.0 for x in others]) if others else None
+    caused = (
+        f"; the other ranks wait {wait:.4f} s per step for it ({_pct(wait / step)} of their step time), "
+        "which is not communication"
+        if wait is not None and step
+        else ""
+    )
     return Hit(
         "; ".join(
             f"rank {x.rank} ({x.host or '?'}{', ' + ','.join(x.gpus) if x.gpus else ''}): "
-            f"median compute {x.median_compute_time_s or 0:.4f} s = {x.slowdown_vs_median or 0:.2f}× the median rank"
+            f"{x.median_busy_time_s or 0:.4f} s of its own work per step (data wait + compute) "
+            f"= {x.slowdown_vs_median or 0:.2f}× the median rank"
             for x in slow
-        ),
-        f"rank compute time > {t.imbalance_factor:g}× median",
-        {"ranks": [x.rank for x in slow]},
+        )
+        + caused,
+        f"rank work per step (data wait + compute) > {t.imbalance_factor:g}× median",
+        {"ranks": [x.rank for x in slow], "wait_caused_s": wait},
     )
 
 
@@ -392,7 +407,9 @@ def _subject(report: RunReport | NodeReport) -> str:
 
 DOC_INTRO = """# Run report and diagnosis
 
-`run.finish()` writes `metrics_report.json` into the run's output directory, and
+`run.finish()` writes `metrics_report.json` into the run's output directory (in a distributed run,
+rank 0 writes it for every rank: each rank hands its points over through the process group's
+key-value store at `finish()`; a rank that cannot makes the report `partial`, with the reason), and
 `gpulse report --run ID` builds the same report from InfluxDB (or `--from-file` a recording),
 prints it (diagnosis first), writes `metrics_report.json` to `--out`, and with `--html` a
 self-contained `metrics_report.html` (inline SVG plots; opens without a server).
@@ -413,7 +430,10 @@ energy and throttling, the GPU events (XID, ECC, lost), and the rules that need 
 | `train_runtime` | run duration, s (from the run's start/end points, else the steps' span) |
 | `train_samples_per_second`, `train_steps_per_second`, `train_tokens_per_second` | totals over all ranks / runtime |
 | `data_loading_time_ratio` | Σ data wait / Σ (data wait + step time), all ranks |
-| `communication_time_ratio` | Σ comm / Σ step time (only where comm time is measured) |
+| `communication_time_ratio` | exposed communication: time steps wait for it after backward's compute, less waiting for slower ranks, / Σ step time (only where it is measured) |
+| `communication_in_flight_ratio` | time any collective was in flight or waited for / Σ step time (DDP comm hook: `attach_ddp`) |
+| `wait_for_slower_ranks_ratio` | time ranks waited at the collective for slower ranks (a straggler) / Σ step time |
+| `partial`, `partial_reason` | the report lacks ranks of the run, and why (rank 0 gathers every rank's points at `finish()`) |
 | `mfu`, `tflops_per_gpu` | step-time-weighted means of the per-step values (formula in `run.mfu_formula`) |
 | `gpu_peak_memory_allocated_gb` | peak CUDA memory allocated by any rank, GiB (2^30 B) |
 | `gpu_avg_utilization_percent`, `gpu_max_utilization_percent` | NVML util over the run's GPU samples |
@@ -421,6 +441,7 @@ energy and throttling, the GPU events (XID, ECC, lost), and the rules that need 
 | `energy_kwh`, `energy_j_per_step` | from the GPU energy counters (else power × time) |
 | `throttle_time_ratio`, `throttle_time_s` | worst GPU: share / seconds of samples with clocks held back |
 | `per_gpu`, `per_rank` | the spread: one entry per GPU and per rank (`slowdown_vs_median` per rank) |
+| `hints` | what a distributed run did not measure, and the call that measures it |
 | `diagnosis` | findings: `id`, `title`, `evidence` (numbers), `threshold`, `action` |
 | `not_evaluated` | checks skipped for lack of data (e.g. no GPU samples) |
 

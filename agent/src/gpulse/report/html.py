@@ -557,6 +557,9 @@ def _phase_chart(steps: Sequence[Row], phases: Mapping[str, float]) -> str | Non
             if n not in ("data_wait", "comm"):
                 inside += v
         comm = stacks["comm"][-1] if "comm" in stacks else 0.0
+        if "backward" in stacks:  # the wait for communication is part of backward: shown apart
+            stacks["backward"][-1] = max(0.0, stacks["backward"][-1] - comm)
+            inside -= min(inside, comm)
         stacks["other"].append(max(0.0, _mean_field(rows, "step_time_s") - inside - comm))
     colors = [PHASE_COLORS.get(n, PALETTE[(i + 8) % len(PALETTE)]) for i, n in enumerate(stacks)]
     return stacked_bars(
@@ -662,7 +665,7 @@ h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bo
 .ok{border-left:4px solid #2ca02c;background:#f4fff4;padding:8px 12px}
 .muted{color:#777;font-size:13px} .small{font-size:11px}
 table{border-collapse:collapse;font-size:13px;max-width:100%} .wide{width:100%}
-td,th{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap} th{background:#f5f5f5}
+td,th{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap} th{background:#f5f5f5;white-space:normal}
 td:first-child,th:first-child{text-align:left} td.wrap{white-space:normal;overflow-wrap:anywhere;text-align:left;min-width:8em}
 svg{display:block;margin:14px 0;max-width:100%;height:auto} .t{font-size:14px;font-weight:600} .l{font-size:11px;fill:#444}
 .k{font-size:11px;fill:#555} .ax{stroke:#333} .g{stroke:#eee} .m{stroke:#999} .e{stroke:#9467bd;stroke-dasharray:2 2}
@@ -780,7 +783,9 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
         ("steps per second", units.number(report.train_steps_per_second, 3)),
         ("tokens per second", units.number(report.train_tokens_per_second, 1)),
         ("data loading (share of step time)", units.percent(report.data_loading_time_ratio)),
-        ("communication (share of step time)", units.percent(report.communication_time_ratio)),
+        ("communication waited for (share of step time)", units.percent(report.communication_time_ratio)),
+        ("communication in flight (share of step time)", units.percent(report.communication_in_flight_ratio)),
+        ("waiting for slower ranks (share of step time)", units.percent(report.wait_for_slower_ranks_ratio)),
         ("MFU", units.percent(report.mfu)),
         ("TFLOP/s per GPU", units.number(report.tflops_per_gpu, 1)),
         ("peak CUDA memory allocated", _e(report.gpu_peak_memory_allocated_gb, lambda v: f"{units.number(v, 2)} GiB")),
@@ -806,6 +811,11 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
         _rank_chart(report),
     ]
     body = _findings(report.diagnosis, report.not_evaluated)
+    body += [f'<p class="muted">Hint: {escape(h)}</p>' for h in report.hints]
+    if report.partial:
+        ranks = ", ".join(map(str, run.ranks)) or "none"
+        body.insert(0, f'<div class="finding"><b>Partial report</b>: it covers rank(s) {escape(ranks)} of world '
+                    f"size {escape(str(run.world_size))}: {escape(report.partial_reason or '')}</div>")  # fmt: skip
     body.append("<h2>Summary</h2>" + _table([(escape(k), escape(v)) for k, v in summary], ["metric", "value"]))
     body.append("<h2>Plots</h2>")
     body += [c for c in charts if c]
@@ -822,14 +832,16 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
                 _e(x.median_step_time_s, lambda v: f"{v:.4f}"),
                 _e(x.median_compute_time_s, lambda v: f"{v:.4f}"),
                 _e(x.data_loading_time_ratio, units.percent),
-                _e(x.communication_time_ratio, units.percent),
+                f"{_e(x.communication_time_ratio, units.percent)} / {_e(x.communication_in_flight_ratio, units.percent)}",
+                _e(x.wait_for_slower_ranks_s, lambda v: f"{v:.4f}"),
                 _e(x.samples_per_second),
                 _e(x.peak_memory_allocated_gb, lambda v: units.number(v, 2)),
                 _e(x.slowdown_vs_median, lambda v: f"×{v:.2f}"),
             ]
             for x in report.per_rank
         ]
-        head = ["rank", "host", "steps", "median step s", "median compute s", "data loading", "comm", "samples/s"]
+        head = ["rank", "host", "steps", "median step s", "median compute s", "data loading"]
+        head += ["comm waited / in flight", "waits for others s", "samples/s"]
         body += ["<h2>Per rank</h2>", _table(rows, [*head, "peak GiB", "vs median"], "wide")]
     subtitle = (
         f"{run.name or ''} — status {run.status}, world size {run.world_size}, hosts {', '.join(run.hosts)}, "

@@ -15,9 +15,13 @@ fields, as InfluxQL's ``SELECT *`` returns them (absent fields may be ``None``):
 * ``events`` — ``train_event`` rows.
 
 Conventions: a step's ``step_time_s`` is the step itself; ``data_wait_s`` is the time before it spent
-waiting for the batch. So the data-loading ratio is Σ data wait / Σ (data wait + step time), and
-the communication ratio is Σ comm / Σ step time. Memory in GiB (2^30 bytes); energy from the
-GPU energy counter (or, without it, from power × time).
+waiting for the batch. So the data-loading ratio is Σ data wait / Σ (data wait + step time).
+``comm_s`` is the time a step waited for communication after backward's compute; on a rank that
+reached the collective first it includes waiting for the slower ranks. The rank that waits least
+(on average per step) waits for no one: its wait is the communication itself. So the communication
+ratio counts that wait for every rank's steps, and the rest is ``wait_for_slower_ranks``; a rank's
+own work is its data wait and its step less its wait (the straggler rule compares it). Memory in
+GiB (2^30 bytes); energy from the GPU energy counter (or, without it, from power × time).
 """
 
 from __future__ import annotations
@@ -205,27 +209,69 @@ def _phases(steps: Sequence[Row]) -> dict[str, float]:
             out[k[len("phase_") : -2]] = sum(xs) / n
     step_mean = sum(values(steps, "step_time_s")) / n
     inside = sum(v for k, v in out.items() if k not in ("data_wait", "comm"))
-    out["other"] = max(0.0, step_mean - inside - out.get("comm", 0.0))
+    # the wait for communication happens inside backward (DDP waits before backward() returns)
+    outside = 0.0 if "backward" in out else out.get("comm", 0.0)
+    out["other"] = max(0.0, step_mean - inside - outside)
     return {k: round(v, 6) for k, v in out.items()}
 
 
-def _per_rank(steps: Sequence[Row], runs: Sequence[Row], runtime: float | None) -> list[RankSummary]:
+@dataclass
+class _Comm:
+    """Communication across ranks: each rank's steps with a measured wait, and the least mean wait."""
+
+    steps: dict[int, int]
+    waited: dict[int, float]
+    in_flight: dict[int, float]
+    #: mean wait per step of the rank that waits least: the communication itself
+    floor: float | None
+
+    @classmethod
+    def of(cls, by_rank: Mapping[int, Sequence[Row]]) -> _Comm:
+        steps = {rank: len(v) for rank, rows in by_rank.items() if (v := values(rows, "comm_s"))}
+        waited = {rank: sum(values(rows, "comm_s")) for rank, rows in by_rank.items() if rank in steps}
+        in_flight = {rank: sum(v) for rank, rows in by_rank.items() if (v := values(rows, "comm_in_flight_s"))}
+        floor = min((waited[r] / n for r, n in steps.items()), default=None)
+        return cls(steps, waited, in_flight, floor)
+
+    def exposed(self, ranks: Iterable[int]) -> float | None:
+        """Seconds of communication itself over the steps of ``ranks`` (``None``: not measured)."""
+        ranks = [r for r in ranks if r in self.steps]
+        return sum(self.floor * self.steps[r] for r in ranks) if ranks and self.floor is not None else None
+
+    def for_slower(self, ranks: Iterable[int]) -> float | None:
+        """Seconds ``ranks`` waited for slower ranks."""
+        ranks = list(ranks)
+        exposed = self.exposed(ranks)
+        return None if exposed is None else max(0.0, sum(self.waited[r] for r in ranks if r in self.waited) - exposed)
+
+    def flight(self, ranks: Iterable[int]) -> float | None:
+        xs = [self.in_flight[r] for r in ranks if r in self.in_flight]
+        return sum(xs) if xs else None
+
+
+def _rank_amount(rows: Sequence[Row], ends: Sequence[Row], key: str) -> float:
+    """A rank's samples or tokens: its end points count every step, its rows may be thinned out."""
+    return max(sum(values(rows, key)), sum(values(ends, key)))
+
+
+def _per_rank(
+    by_rank: Mapping[int, Sequence[Row]], runs: Sequence[Row], runtime: float | None, comm: _Comm
+) -> list[RankSummary]:
     gpus_by_rank: dict[int, list[str]] = {}
     for r in runs:
         if r.get("gpus"):
             gpus_by_rank[rank_key(r)] = [u for u in str(r["gpus"]).split(",") if u]
+    ends = group_by((r for r in runs if r.get("event") == "end"), rank_key)
     out = []
-    for rank, rows in sorted(group_by(steps, rank_key).items()):
+    for rank, rows in sorted(by_rank.items()):
         st = values(rows, "step_time_s")
-        comm = values(rows, "comm_s")
-        compute = [
-            t - (num(r, "comm_s") or 0.0)
-            for r, t in zip(rows, (num(r, "step_time_s") for r in rows), strict=True)
-            if t is not None
-        ]
+        timed = [(r, t) for r in rows if (t := num(r, "step_time_s")) is not None]
+        compute = [t - (num(r, "comm_s") or 0.0) for r, t in timed]
+        busy = [c + (num(r, "data_wait_s") or 0.0) for (r, _), c in zip(timed, compute, strict=True)]
         wait = sum(values(rows, "data_wait_s"))
-        samples = sum(values(rows, "samples"))
+        samples = _rank_amount(rows, ends.get(rank, []), "samples")
         mem = values(rows, "mem_peak_bytes") or values(rows, "mem_allocated_bytes")
+        exposed, in_flight = comm.exposed([rank]), comm.flight([rank])
         out.append(
             RankSummary(
                 rank=rank,
@@ -236,16 +282,21 @@ def _per_rank(steps: Sequence[Row], runs: Sequence[Row], runtime: float | None) 
                 median_step_time_s=_round(statistics.median(st)) if st else None,
                 median_compute_time_s=_round(statistics.median(compute)) if compute else None,
                 data_loading_time_ratio=_round(_ratio(wait, wait + sum(st))),
-                communication_time_ratio=_round(_ratio(sum(comm), sum(st))) if comm else None,
+                communication_time_ratio=_round(_ratio(exposed, sum(st))) if exposed is not None else None,
                 samples_per_second=_round(samples / runtime) if runtime else None,
                 peak_memory_allocated_gb=_round(max(mem) / GIB) if mem else None,
                 alloc_retries=int(_max(values(rows, "alloc_retries")) or 0),
+                communication_in_flight_ratio=_round(_ratio(in_flight, sum(st))) if in_flight is not None else None,
+                wait_for_slower_ranks_s=_round(comm.waited[rank] / comm.steps[rank] - comm.floor)
+                if rank in comm.steps and comm.floor is not None
+                else None,
+                median_busy_time_s=_round(statistics.median(busy)) if busy else None,
             )
         )
-    medians = [r.median_compute_time_s for r in out if r.median_compute_time_s]
+    medians = [r.median_busy_time_s for r in out if r.median_busy_time_s]
     ref = statistics.median_low(medians) if medians else None
     for r in out:
-        r.slowdown_vs_median = _round(r.median_compute_time_s / ref, 3) if ref and r.median_compute_time_s else None
+        r.slowdown_vs_median = _round(r.median_busy_time_s / ref, 3) if ref and r.median_busy_time_s else None
     return out
 
 
@@ -329,26 +380,61 @@ def _kwh(joules: float | None) -> float | None:
 
 
 # -- the reports ------------------------------------------------------------------------------------
+def _coverage(info: RunInfo, reason: str | None) -> str | None:
+    """Why the report lacks ranks of the run, or ``None`` when it covers every rank."""
+    missing = [r for r in range(info.world_size or 1) if r not in info.ranks]
+    if reason:
+        return reason
+    if missing:
+        return f"no points from rank(s) {', '.join(map(str, missing))}"
+    return None
+
+
+def _hints(info: RunInfo, steps: Sequence[Row]) -> list[str]:
+    """What a distributed run did not measure, and the one call that measures it."""
+    if (info.world_size or 1) <= 1:
+        return []
+    if not values(steps, "comm_s"):
+        return [
+            "Distributed run, but no communication was timed (gpulse takes the parameters from the first "
+            "torch.optim optimizer step): call gpulse.training.comm.attach_ddp(run, ddp_model) after wrapping the model."
+        ]
+    if not values(steps, "comm_in_flight_s"):
+        return [
+            "Communication in flight was not timed, only the wait for it: with DDP, call "
+            "gpulse.training.comm.attach_ddp(run, ddp_model) after wrapping the model."
+        ]
+    return []
+
+
 def build_report(
     steps: Sequence[Row],
     gpu: Sequence[Row],
     runs: Sequence[Row],
     events: Sequence[Row],
     thresholds: Mapping[str, float] | None = None,
+    partial_reason: str | None = None,
 ) -> RunReport:
-    """The run report with its diagnosis; ``thresholds`` overrides diagnosis thresholds by name."""
+    """The run report with its diagnosis; ``thresholds`` overrides diagnosis thresholds by name.
+    ``partial_reason`` says why the caller could not get every rank's points."""
     limits = resolve_thresholds(thresholds)
     steps = sorted(steps, key=lambda r: (step_end_ns(r), rank_key(r)))
     info, own = _run_info(steps, runs)
     runtime, t0, t1 = _runtime(own, steps)
-    step_count = max((len({num(r, "step") for r in rows}) for rows in group_by(steps, rank_key).values()), default=0)
+    by_rank = group_by(steps, rank_key)
+    ends = [r for r in runs if r.get("event") == "end"]
+    step_count = max((len({num(r, "step") for r in rows}) for rows in by_rank.values()), default=0)
     # a run's end point counts every step it sent, also when the caller kept only every n-th step
-    step_count = max(step_count, int(_max(values([r for r in runs if r.get("event") == "end"], "steps")) or 0))
-    samples = sum(values(steps, "samples"))
-    tokens = sum(values(steps, "tokens"))
+    step_count = max(step_count, int(_max(values(ends, "steps")) or 0))
+    ends_by_rank = group_by(ends, rank_key)
+    samples = sum(
+        _rank_amount(by_rank.get(r, []), ends_by_rank.get(r, []), "samples") for r in {*by_rank, *ends_by_rank}
+    )
+    tokens = sum(_rank_amount(by_rank.get(r, []), ends_by_rank.get(r, []), "tokens") for r in {*by_rank, *ends_by_rank})
     step_times = values(steps, "step_time_s")
     wait = sum(values(steps, "data_wait_s"))
-    comm = values(steps, "comm_s")
+    comm = _Comm.of(by_rank)
+    exposed, in_flight, for_slower = comm.exposed(by_rank), comm.flight(by_rank), comm.for_slower(by_rank)
     weighted = [(m, t) for r in steps if (m := num(r, "mfu")) is not None and (t := num(r, "step_time_s"))]
     tfl = [(m, t) for r in steps if (m := num(r, "tflops")) is not None and (t := num(r, "step_time_s"))]
     peak_alloc = _max(values(steps, "mem_peak_bytes") or values(steps, "mem_allocated_bytes"))
@@ -356,10 +442,13 @@ def build_report(
     gpus = per_gpu(gpu)
     totals = gpu_totals(gpus, gpu)
     capacity = [g.memory_total_gb for g in gpus if g.memory_total_gb]
-    ranks = _per_rank(steps, runs, runtime)
+    ranks = _per_rank(by_rank, runs, runtime, comm)
+    partial = _coverage(info, partial_reason)
     report = RunReport(
         gpulse_report_version=REPORT_VERSION,
         run=info,
+        partial=partial is not None,
+        partial_reason=partial,
         start_time_ns=t0,
         end_time_ns=t1,
         train_runtime=_round(runtime, 3),
@@ -377,7 +466,9 @@ def build_report(
         ),
         phases_s=_phases(steps) if steps else {},
         data_loading_time_ratio=_round(_ratio(wait, wait + sum(step_times)), 4) if step_times else None,
-        communication_time_ratio=_round(_ratio(sum(comm), sum(step_times)), 4) if comm else None,
+        communication_time_ratio=_round(_ratio(exposed, sum(step_times)), 4) if exposed is not None else None,
+        communication_in_flight_ratio=_round(_ratio(in_flight, sum(step_times)), 4) if in_flight is not None else None,
+        wait_for_slower_ranks_ratio=_round(_ratio(for_slower, sum(step_times)), 4) if for_slower is not None else None,
         tflops_per_gpu=_round(sum(m * t for m, t in tfl) / sum(t for _, t in tfl), 3) if tfl else None,
         mfu=_round(sum(m * t for m, t in weighted) / sum(t for _, t in weighted), 4) if weighted else None,
         gpu_peak_memory_allocated_gb=_round(peak_alloc / GIB, 4) if peak_alloc is not None else None,
@@ -399,6 +490,7 @@ def build_report(
         ],
         sources=Sources(train_step=len(steps), gpu=len(gpu), train_run=len(runs), train_event=len(events)),
         thresholds=limits.as_dict(),
+        hints=_hints(info, steps),
     )
     report.diagnosis, report.not_evaluated = diagnose(report, limits)
     return report

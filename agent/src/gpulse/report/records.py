@@ -61,11 +61,18 @@ class RankSummary:
     median_step_time_s: float | None
     median_compute_time_s: float | None
     data_loading_time_ratio: float | None
+    #: exposed communication, the part that is not waiting for slower ranks (see ``RunReport``)
     communication_time_ratio: float | None
     samples_per_second: float | None
     peak_memory_allocated_gb: float | None
     alloc_retries: int
     slowdown_vs_median: float | None = None
+    communication_in_flight_ratio: float | None = None
+    #: mean seconds per step this rank waited for slower ranks to reach the collective
+    wait_for_slower_ranks_s: float | None = None
+    #: median seconds per step of the rank's own work: data wait + compute (the step less its
+    #: communication wait); ``slowdown_vs_median`` compares it across ranks
+    median_busy_time_s: float | None = None
 
 
 @dataclass
@@ -165,6 +172,9 @@ class RunReport:
 
     gpulse_report_version: int
     run: RunInfo
+    #: the report lacks ranks of the run (``partial_reason`` says which, and why)
+    partial: bool
+    partial_reason: str | None
     start_time_ns: int | None
     end_time_ns: int | None
     train_runtime: float | None
@@ -178,7 +188,13 @@ class RunReport:
     #: mean seconds per step of each phase that appears (data_wait, forward, ..., custom, other)
     phases_s: dict[str, float]
     data_loading_time_ratio: float | None
+    #: exposed communication: the step waiting for it after backward's compute (Σ over ranks of the
+    #: least-waiting rank's mean wait, per step), the share that is not waiting for slower ranks
     communication_time_ratio: float | None
+    #: time any collective was in flight or waited for, overlapped with compute or not
+    communication_in_flight_ratio: float | None
+    #: time the ranks waited for slower ranks to reach the collective (a straggler)
+    wait_for_slower_ranks_ratio: float | None
     tflops_per_gpu: float | None
     mfu: float | None
     gpu_peak_memory_allocated_gb: float | None
@@ -203,6 +219,8 @@ class RunReport:
     thresholds: dict[str, float]
     diagnosis: list[Finding] = field(default_factory=list)
     not_evaluated: list[str] = field(default_factory=list)
+    #: one-line advice on what the run did not measure and how to get it
+    hints: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return as_json(self)

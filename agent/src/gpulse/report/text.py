@@ -52,7 +52,11 @@ def render_text(r: RunReport) -> str:
     run = r.run
     st = r.step_time_s
     out = [f"gpulse report: run {run.id} ({run.name or 'unnamed'}, {run.status})", ""]
+    if r.partial:
+        ranks = ", ".join(map(str, run.ranks)) or "none"
+        out += [f"PARTIAL: this report covers rank(s) {ranks} of world size {run.world_size}: {r.partial_reason}", ""]
     out += _diagnosis(r.diagnosis, r.not_evaluated)
+    out += [f"  hint: {h}" for h in r.hints]
     energy_j = r.energy_kwh * 3.6e6 if r.energy_kwh is not None else None
     out += [
         "",
@@ -63,8 +67,9 @@ def render_text(r: RunReport) -> str:
         f"{_fmt(r.train_steps_per_second, ' steps/s', 3)}, {_fmt(r.train_tokens_per_second, ' tokens/s', 1)}",
         f"  step time: mean {_fmt(st.mean, ' s', 4)}, median {_fmt(st.median, ' s', 4)}, "
         f"p90 {_fmt(st.p90, ' s', 4)}, max {_fmt(st.max, ' s', 4)}",
-        f"  data loading {_pct(r.data_loading_time_ratio)}, communication {_pct(r.communication_time_ratio)}, "
-        f"MFU {_pct(r.mfu)}, {_fmt(r.tflops_per_gpu, ' TFLOP/s per GPU', 1)}",
+        f"  data loading {_pct(r.data_loading_time_ratio)}, communication {_pct(r.communication_time_ratio)} "
+        f"(in flight {_pct(r.communication_in_flight_ratio)}), waiting for slower ranks "
+        f"{_pct(r.wait_for_slower_ranks_ratio)}, MFU {_pct(r.mfu)}, {_fmt(r.tflops_per_gpu, ' TFLOP/s per GPU', 1)}",
         "  phases (mean s/step): " + (", ".join(f"{k} {v:.4f}" for k, v in r.phases_s.items()) or "n/a"),
         f"  memory: peak allocated {_fmt(r.gpu_peak_memory_allocated_gb, ' GiB', 2)}, "
         f"reserved {_fmt(r.gpu_peak_memory_reserved_gb, ' GiB', 2)}, "
@@ -81,7 +86,9 @@ def render_text(r: RunReport) -> str:
         for x in r.per_rank:
             out.append(
                 f"  rank {x.rank} ({x.host or '?'}): {x.steps} steps, median step {_fmt(x.median_step_time_s, ' s', 4)}, "
-                f"data loading {_pct(x.data_loading_time_ratio)}, ×{_ratio(x.slowdown_vs_median)} vs median"
+                f"own work {_fmt(x.median_busy_time_s, ' s', 4)}, data loading {_pct(x.data_loading_time_ratio)}, "
+                f"communication {_pct(x.communication_time_ratio)}, waits for slower ranks "
+                f"{_fmt(x.wait_for_slower_ranks_s, ' s', 4)}/step, ×{_ratio(x.slowdown_vs_median)} vs median"
             )
     return "\n".join(out) + "\n"
 

@@ -327,10 +327,7 @@ class Client:
             return None
         why = self.unreachable or "not acknowledged by the agent in time"
         points = "1 point is" if self.recorded == 1 else f"{self.recorded} points are"
-        return (
-            f"{points} in {self.record_path} ({why}); "
-            f"`gpulse upload {self.record_path}` sends them to the database"
-        )
+        return f"{points} in {self.record_path} ({why}); `gpulse upload {self.record_path}` sends them to the database"
 
     def read_acks(self) -> None:
         endpoint = self.endpoint

@@ -34,7 +34,7 @@ _MEMORY_FIELDS = ("mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes",
 #: ``train_step`` fields carried as integers; durations (``*_s`` of a phase, the step, the data wait,
 #: communication) are integer nanoseconds; the rest (rates, MFU, logged values) floats.
 _INT_FIELDS = frozenset(("step", "start_time_ns", "end_time_ns", "samples", "tokens", *_MEMORY_FIELDS))
-_DURATIONS = frozenset(("step_time_s", "data_wait_s", "comm_s"))
+_DURATIONS = frozenset(("step_time_s", "data_wait_s", "comm_s", "comm_in_flight_s"))
 #: Shapes a run keeps (field-name sets: a handful, more only with ever-changing log names).
 MAX_SHAPES = 256
 
@@ -131,12 +131,16 @@ class PointMaker:
                 if key is not None:
                     name_(key)
                     value_(ns)
-        comm = rec.comm_ns
+        comm, in_flight = rec.comm_ns, rec.inflight_ns
         if gpu_times:
             for name, s in gpu_times.items():
-                if name == "comm":
-                    if comm is None:  # a comm hook's own count wins over the GPU's
+                if name == "comm":  # a comm hook's own count wins over the GPU's
+                    if comm is None:
                         comm = round(s * 1e9)
+                    continue
+                if name == "comm_in_flight":
+                    if in_flight is None:
+                        in_flight = round(s * 1e9)
                     continue
                 key = self._phase_key(name, True)
                 if key is not None:
@@ -145,6 +149,9 @@ class PointMaker:
         if comm is not None:
             name_("comm_s")
             value_(comm if type(comm) is int else int(comm))
+        if in_flight is not None:
+            name_("comm_in_flight_s")
+            value_(in_flight if type(in_flight) is int else int(in_flight))
         samples, tokens = rec.samples, rec.tokens
         dt = (t1 - t0) / 1e9
         if samples and (type(samples) is not int or samples not in _INT64):

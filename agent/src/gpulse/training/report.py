@@ -1,10 +1,12 @@
-"""``metrics_report.json``: the run's own points, kept by the worker, summarised at ``finish()`` on rank 0.
+"""``metrics_report.json``: the run's points, kept by each rank's worker, summarised at ``finish()`` on rank 0.
 
 The summary is :func:`gpulse.report.model.build_report`, the same that ``gpulse report`` builds
 from InfluxDB: this module is the one place the training library reaches outside the channel, for
 a pure computation on the points it already has (the import rule allows exactly this import, and
-checks that what it pulls in is standard library only). The file is private (0600), written whole
-or not at all (a temporary file renamed over it).
+checks that what it pulls in is standard library only). In a distributed run rank 0 builds it from
+every rank's points (:mod:`gpulse.training.gather`); what it could not get makes the report
+partial, and says why. The file is private (0600), written whole or not at all (a temporary file
+renamed over it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpulse.training.gather import Gathered
 
 REPORT_FILE = "metrics_report.json"
 
@@ -24,6 +29,9 @@ class ReportBuffer:
 
     def __init__(self, max_steps: int) -> None:
         self.max_steps = max(max_steps, 2)
+        #: every step's samples and tokens, also those thinned out (the run's end point carries them)
+        self.samples = 0
+        self.tokens = 0
         self._steps: list[tuple[Mapping[str, Any], int]] = []
         self.runs: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
@@ -35,6 +43,8 @@ class ReportBuffer:
         if measurement == "train_step":
             self._tags = tags
             self._seen += 1
+            self.samples += fields.get("samples") or 0
+            self.tokens += fields.get("tokens") or 0
             if (self._seen - 1) % self._stride:
                 return
             self._steps.append((fields, ts))
@@ -48,15 +58,27 @@ class ReportBuffer:
 
     @property
     def steps(self) -> list[dict[str, Any]]:
-        return [{**self._tags, **fields, "time": ts} for fields, ts in self._steps]
+        return self.step_rows()
+
+    def step_rows(self, at_most: int | None = None) -> list[dict[str, Any]]:
+        """The kept steps as report rows; with ``at_most``, every n-th of them to stay within it."""
+        kept = self._steps
+        if at_most is not None and len(kept) > at_most:
+            kept = kept[:: -(-len(kept) // max(at_most, 1))]
+        return [{**self._tags, **fields, "time": ts} for fields, ts in kept]
 
 
-def write_report(buffer: ReportBuffer, output_dir: str) -> str:
-    """Build the report from ``buffer`` and write it to ``output_dir``; returns its path. Raises on failure."""
+def write_report(buffer: ReportBuffer, output_dir: str, others: Gathered | None = None) -> str:
+    """Build the report from ``buffer`` (with the other ranks' rows in ``others``) and write it to
+    ``output_dir``; returns its path. Raises on failure."""
     from gpulse.channel.recording import open_private
     from gpulse.report.model import build_report
 
-    report = build_report(buffer.steps, [], buffer.runs, buffer.events, None)
+    steps, runs, events = buffer.steps, buffer.runs, buffer.events
+    if others is not None:
+        steps, runs, events = steps + others.steps, runs + others.runs, events + others.events
+    reason = others.partial_reason if others is not None else None
+    report = build_report(steps, [], runs, events, None, partial_reason=reason)
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, REPORT_FILE)
     tmp = f"{path}.{os.getpid()}.tmp"

@@ -68,6 +68,7 @@ class Run:
         track_memory: bool = True,
         write_report: bool = True,
         max_report_steps: int = 10_000,
+        gather_timeout_s: float = 30.0,
         max_queue: int = MAX_QUEUE,
         max_unacked: int = 10_000,
         max_unacked_bytes: int = 8 << 20,
@@ -76,6 +77,7 @@ class Run:
         self.guard = Guard()
         self._pid = os.getpid()
         self._finished = False
+        self._finish_ns = 0
         self._finish_lock = threading.Lock()
         # the hot path first, so that every method is a safe no-op even if the setup below fails
         self.steps = StepRecorder(self.guard, max_queue)
@@ -91,6 +93,11 @@ class Run:
         self.config = dict(config or {})
         self.output_dir = os.fspath(output_dir) if output_dir is not None else os.getcwd()
         self.worker: Worker | None = None
+        self.world_size = 1
+        #: communication timing (:mod:`gpulse.training.comm`), in a distributed run or after ``attach_ddp``
+        self.comm_timer: Any = None
+        self.gather_timeout_s = gather_timeout_s
+        self._exchange: Any = None
         self.mfu = Mfu(self.guard, flops_per_token, peak_flops, dtype)
         try:
             self._setup(tags, run_id, model, socket_path, ack_timeout, write_report, max_report_steps,
@@ -141,8 +148,37 @@ class Run:
         points = PointMaker(self.guard, self.mfu, self.steps.cuda)
         self.worker = Worker(self.steps, self.client, points, self.report, self.tags, self.guard, tick_s)
         self.worker.start(self._pid)
+        if self.world_size > 1:
+            self._distributed(model)
         _install_excepthook()
         atexit.register(self._atexit)
+
+    def _distributed(self, model: Any) -> None:
+        """A rank of a distributed run: time its communication without user code, and announce it to
+        rank 0, which gathers every rank's points for the report at ``finish()``."""
+        from gpulse.training.comm import auto_attach
+
+        auto_attach(self, model)
+        if self._write_report:
+            self._join_exchange(announce=True)
+
+    def _join_exchange(self, announce: bool) -> Any:
+        """The store through which rank 0 gathers the ranks' points, when the process group exists."""
+        if self._exchange is None:
+            from gpulse.training.gather import RankExchange
+            from gpulse.training.identity import initialized_dist
+
+            dist = initialized_dist()
+            if dist is None:
+                return None
+            try:
+                self._exchange = RankExchange.capture(dist, self.run_id, self.rank, self.world_size)
+                if announce:
+                    self._exchange.announce()
+            except Exception as exc:
+                self._exchange = None
+                self.guard.report("gather", exc, "metrics_report.json will cover rank 0 only")
+        return self._exchange
 
     # -- the hot path -----------------------------------------------------------------------------
     def step(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> StepContext:
@@ -194,7 +230,7 @@ class Run:
         self.steps.add_data_wait(ns)
 
     def add_comm(self, ns: int) -> None:
-        """Add communication time to the current step (the DDP comm hook does this)."""
+        """Add time the current step waited for communication (``comm_s``; :mod:`gpulse.training.comm` does this)."""
         self.steps.add_comm(ns)
 
     @property
@@ -226,6 +262,7 @@ class Run:
             if self._finished:
                 return
             self._finished = True
+        self._finish_ns = time.time_ns()  # the run's end; flushing what it sent is not part of it
         try:
             self.steps.hand_over()
             if not self._enabled:
@@ -237,20 +274,51 @@ class Run:
                 self.guard.report("finish_timeout", detail="background thread still busy after 30 s")
                 return
             self._say_what_was_lost()
-            if self._write_report and self.rank == 0:
-                from gpulse.training.report import REPORT_FILE, write_report
+            if self._write_report:
+                from gpulse.training.report import REPORT_FILE
 
                 try:
-                    write_report(self.report, self.output_dir)
+                    self._report()
                 except OSError as exc:  # a full disk, a directory gone: say which file
                     self.guard.report("report_write", exc, f"{REPORT_FILE} not written to {self.output_dir}")
         except Exception as exc:
             self.guard.report("finish", exc)
         finally:
+            if self.comm_timer is not None:
+                self.comm_timer.close()
             try:
                 atexit.unregister(self._atexit)
             except Exception:
                 pass
+
+    def _report(self) -> None:
+        """Rank 0 writes ``metrics_report.json`` for every rank it can gather; the others hand theirs over."""
+        from gpulse.training.report import write_report
+
+        if self.world_size <= 1:
+            write_report(self.report, self.output_dir)
+            return
+        from gpulse.training.gather import Gathered, pack, rows_per_rank
+
+        exchange = self._join_exchange(announce=False)
+        if self.rank != 0:
+            if exchange is not None:
+                rows = self.report.step_rows(rows_per_rank(self.world_size))
+                try:
+                    exchange.hand_over(pack(rows, self.report.runs, self.report.events))
+                except Exception as exc:
+                    self.guard.report("gather", exc, "rank 0's metrics_report.json will lack this rank")
+            return
+        if exchange is None:
+            others = Gathered(
+                partial_reason="no torch.distributed process group to gather the other ranks' points through "
+                "(gpulse uses its key-value store): create the Run after init_process_group"
+            )
+        else:
+            import logging
+
+            others = exchange.collect(self.gather_timeout_s, logging.getLogger(LOGGER_NAME).warning)
+        write_report(self.report, self.output_dir, others)
 
     def __enter__(self) -> Run:
         return self
@@ -298,8 +366,12 @@ class Run:
         fields.update(
             gpus=",".join(self.worker.uuids),
             steps=self.worker.steps_sent,
-            duration_s=(time.time_ns() - self._start_ns) / 1e9,
+            duration_s=((self._finish_ns or time.time_ns()) - self._start_ns) / 1e9,
         )
+        if self.report.samples:
+            fields["samples"] = self.report.samples
+        if self.report.tokens:
+            fields["tokens"] = self.report.tokens
         self.mfu.end_fields(fields)
         return fields
 

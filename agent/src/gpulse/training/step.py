@@ -37,7 +37,7 @@ class StepRecord:
     ``phases`` lists ``(name, ns)`` per time a phase ran (a phase entered twice appears twice; the
     worker adds them up). ``logs`` is what ``run.log()`` gave for this step, attached at hand-over."""
 
-    __slots__ = ("comm_ns", "gpu_pairs", "logs", "memory", "phases", "samples", "step", "t0_ns", "t1_ns", "tokens", "wait_ns")  # fmt: skip
+    __slots__ = ("comm_ns", "gpu_pairs", "inflight_ns", "logs", "memory", "phases", "samples", "step", "t0_ns", "t1_ns", "tokens", "wait_ns")  # fmt: skip
 
     def __init__(
         self,
@@ -51,6 +51,7 @@ class StepRecord:
         gpu_pairs: list[GpuPair] | None,
         memory: tuple[int, int, int, int] | None,
         comm_ns: int | None,
+        inflight_ns: int | None = None,
     ) -> None:
         self.step = step
         self.t0_ns = t0_ns
@@ -62,6 +63,7 @@ class StepRecord:
         self.gpu_pairs = gpu_pairs
         self.memory = memory
         self.comm_ns = comm_ns
+        self.inflight_ns = inflight_ns
         self.logs: dict[str, Any] | None = None
 
 
@@ -166,6 +168,8 @@ class StepRecorder:
         self.wait_known = False
         self.comm_ns = 0
         self.comm_known = False
+        self.inflight_ns = 0
+        self.inflight_known = False
         self.logs: dict[str, Any] = {}
         self.last: StepRecord | None = None
         self.phase_times: list[tuple[str, int]] = []
@@ -216,10 +220,13 @@ class StepRecorder:
         if self.wait_known:
             wait = self.wait_ns
             self.wait_ns = 0
-        comm = None
+        comm = inflight = None
         if self.comm_known:
             comm = self.comm_ns
             self.comm_ns = 0
+        if self.inflight_known:
+            inflight = self.inflight_ns
+            self.inflight_ns = 0
         mem = None
         if self.memory is not None:
             try:
@@ -229,7 +236,7 @@ class StepRecorder:
                 self.guard.report("memory_stats", exc)
         pairs = self.pairs
         self.pairs = None
-        self.last = StepRecord(self.step_no, self.t0, t1, wait, samples, tokens, phases, pairs, mem, comm)
+        self.last = StepRecord(self.step_no, self.t0, t1, wait, samples, tokens, phases, pairs, mem, comm, inflight)
 
     def hand_over(self) -> None:
         """Queue the finished step with its logs (at the next step's start, or at finish)."""
@@ -311,12 +318,22 @@ class StepRecorder:
 
     # -- what integrations add --------------------------------------------------------------------
     def add_data_wait(self, ns: int) -> None:
+        """Data wait before the step; a wait inside an open step (a batch fetched between two of its
+        micro-batches) also moves the step's start, so that it is counted once, as data wait."""
         self.wait_ns += ns
         self.wait_known = True
+        if self.in_step:
+            self.t0 += ns
 
     def add_comm(self, ns: int) -> None:
+        """Exposed communication: time the training thread waited for it (``comm_s``)."""
         self.comm_ns += ns
         self.comm_known = True
+
+    def add_comm_in_flight(self, ns: int) -> None:
+        """Time any collective was in flight or waited for (``comm_in_flight_s``)."""
+        self.inflight_ns += ns
+        self.inflight_known = True
 
     def on_step_end(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` at the end of every step, before the record is made (comm hooks fold their time in)."""

@@ -14,12 +14,15 @@ evaluate / save → next batch fetched → ``on_step_begin``):
 * samples per rank: ``per_device_train_batch_size × gradient_accumulation_steps``;
 * tokens per rank: the step's increase of ``state.num_input_tokens_seen`` (counted across ranks by
   the Trainer) ÷ world size, when ``include_num_input_tokens_seen`` is enabled;
-* scalars from ``on_log`` (loss, learning_rate, grad_norm, ...) as ``log_<name>``.
+* scalars from ``on_log`` (loss, learning_rate, grad_norm, ...) as ``log_<name>``;
+* communication, in a distributed run: the wait for it and the time in flight of the Trainer's
+  wrapped model (``model_wrapped``: DDP; FSDP gets the wait), see :mod:`gpulse.training.comm`.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from time import perf_counter_ns
 from typing import Any
 
@@ -61,6 +64,10 @@ class GpulseCallback(TrainerCallback):
                 if self.run.mfu.needs_model:
                     self.run.watch_model(model)
                 self._hook(model)
+            if self.run.world_size > 1:
+                from gpulse.training.comm import attach_model
+
+                attach_model(self.run, _wrapped_model(model))
             self._world = max(int(getattr(args, "world_size", 1) or 1), 1)
             self._samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
             mode = getattr(args, "include_num_input_tokens_seen", "no")
@@ -154,6 +161,18 @@ class GpulseCallback(TrainerCallback):
             import logging
 
             logging.getLogger("gpulse.training").warning("gpulse: %s: %s", cause, exc)
+
+
+def _wrapped_model(model: Any) -> Any:
+    """The Trainer's ``model_wrapped`` (DDP, FSDP, ...): callbacks are handed the unwrapped model only,
+    so it is taken from the Trainer that is calling this callback (``on_train_begin``, after wrapping)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and hasattr(owner, "model_wrapped") and hasattr(owner, "callback_handler"):
+            return owner.model_wrapped
+        frame = frame.f_back
+    return model
 
 
 def _args_summary(args: Any) -> dict[str, Any]:

@@ -1,11 +1,18 @@
 """PyTorch Lightning integration: ``Trainer(callbacks=[GpulseLightningCallback()])``.
 
-One gpulse step per training batch. Phases follow Lightning's hook order (automatic
-optimisation): ``on_train_batch_start`` → forward (``training_step``) → ``on_before_backward`` →
-backward → ``on_after_backward`` → ``on_before_optimizer_step`` → optimizer → ``on_train_batch_end``.
-Data wait is the gap from one batch's end to the next batch's start, which is where the loop
-fetches the next batch. Nothing here synchronises the GPU (unlike ``ThroughputMonitor``): the loss
-is handed to :meth:`Run.log` as a tensor and read only once it is available.
+One gpulse step per optimizer step (``trainer.global_step``), as the HF callback counts: with
+``accumulate_grad_batches=k`` a step spans k training batches. Phases follow Lightning's hook order
+(automatic optimisation): ``on_train_batch_start`` → forward (``training_step``) →
+``on_before_backward`` → backward → ``on_after_backward`` → ``on_before_optimizer_step`` → optimizer
+→ ``on_train_batch_end``; the phases of a step's batches add up. Data wait is the gap from one
+batch's end to the next batch's start, where the loop fetches the next batch (inside a step, too).
+The loss logged is the one ``training_step`` returned, as Lightning's own logs show it: Lightning
+divides it by k before backward, and this undoes that and takes the mean of the step's batches.
+Nothing here synchronises the GPU (unlike ``ThroughputMonitor``): the loss is handed to
+:meth:`Run.log` as a tensor and read only once it is available.
+
+In a distributed run the callback times the communication of the strategy's wrapped model (DDP:
+the wait and the time in flight; FSDP: the wait), see :mod:`gpulse.training.comm`.
 """
 
 from __future__ import annotations
@@ -32,6 +39,11 @@ class GpulseLightningCallback(Callback):
         self._samples_fn = samples_fn or _batch_size
         self._tokens_fn = tokens_fn
         self._idle_since = 0
+        self._stepped = False
+        self._samples: int | None = None
+        self._tokens: int | None = None
+        self._loss: Any = None
+        self._batches = 0
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self.run is not None:
@@ -50,11 +62,21 @@ class GpulseLightningCallback(Callback):
         # the loop fetches (prefetches) a batch between here and the first on_train_batch_start: its data wait
         self._idle_since = perf_counter_ns()
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """The strategy has wrapped the model by now (DDP, FSDP): time its communication."""
+        if self.run is not None and getattr(trainer, "world_size", 1) > 1:
+            from gpulse.training.comm import attach_model
+
+            attach_model(self.run, getattr(trainer.strategy, "model", None))
+
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         run = self.run
         if run is None:
             return
-        run.begin_step(self._idle_since)
+        if not run.in_step:
+            run.begin_step(self._idle_since)
+        elif self._idle_since:  # a batch of the same optimizer step: its fetch is data wait too
+            run.add_data_wait(perf_counter_ns() - self._idle_since)
         run.enter_phase("forward")
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -66,6 +88,7 @@ class GpulseLightningCallback(Callback):
             self.run.exit_phase()
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._stepped = True
         if self.run is not None and self.run.in_step:
             self.run.enter_phase("optimizer")
 
@@ -73,18 +96,40 @@ class GpulseLightningCallback(Callback):
         run = self.run
         if run is None:
             return
-        samples = tokens = None
         try:
-            samples = self._samples_fn(batch)
+            self._samples = _add(self._samples, self._samples_fn(batch))
             if self._tokens_fn is not None:
-                tokens = self._tokens_fn(batch)
+                self._tokens = _add(self._tokens, self._tokens_fn(batch))
         except Exception as exc:
             run.guard.report("lightning_batch_size", exc)
-        run.end_step(samples, tokens)
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if loss is not None and hasattr(loss, "detach"):
-            run.log(loss=loss.detach())
+        self._add_loss(trainer, pl_module, outputs)
+        if self._stepped:  # this batch ended an optimizer step
+            self._end_step(trainer)
         self._idle_since = perf_counter_ns()
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.run is not None and self.run.in_step:  # batches left without an optimizer step
+            self._end_step(trainer)
+
+    def _add_loss(self, trainer: Any, pl_module: Any, outputs: Any) -> None:
+        """The batch's loss as ``training_step`` returned it (a tensor: no read, no sync)."""
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is None or not hasattr(loss, "detach"):
+            return
+        loss = loss.detach()
+        if getattr(pl_module, "automatic_optimization", True):  # Lightning divided it by k for backward
+            loss = loss * max(int(getattr(trainer, "accumulate_grad_batches", 1) or 1), 1)
+        self._loss = loss if self._loss is None else self._loss + loss
+        self._batches += 1
+
+    def _end_step(self, trainer: Any) -> None:
+        run = self.run
+        run.end_step(self._samples, self._tokens, int(trainer.global_step) if self._stepped else None)
+        if self._loss is not None:
+            run.log(loss=self._loss / self._batches if self._batches > 1 else self._loss)
+        self._stepped = False
+        self._samples = self._tokens = self._loss = None
+        self._batches = 0
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None and not trainer.sanity_checking:
@@ -102,6 +147,10 @@ class GpulseLightningCallback(Callback):
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit" and self.run is not None and self._own_run:
             self.run.finish()
+
+
+def _add(total: int | None, n: int | None) -> int | None:
+    return n if total is None else total + (n or 0)
 
 
 def _batch_size(batch: Any) -> int | None:
