@@ -11,12 +11,12 @@ result; as a script it prints it, with any gpulse version, to compare before and
 Truths:
 
 * exposed communication = step time with gradient sync − step time under ``no_sync()``, measured
-  pairwise step by step (a sync step, then a no_sync step): plain differences of medians swing
-  with the load of a shared machine;
+  pairwise step by step (:func:`sync_pairs`): plain differences of medians swing with the load of
+  a shared machine;
 * data wait = the time ``next()`` on the loader takes, around the loop;
-* a straggler's slowdown = its step time under ``no_sync()`` (no waiting for the others) ÷ the
-  other rank's; the real all-reduce = the slow rank's pairwise sync − no_sync difference (it waits
-  for no one);
+* a straggler's slowdown = its own work per step (the compute and sleep before the all-reduce,
+  timed around them; median) ÷ the other rank's; the real all-reduce = the pairwise sync − no_sync
+  difference of the rank that waits least (it waits for no one);
 * totals: samples of every rank ÷ the loop's wall time; HF and Lightning: their own counters.
 """
 
@@ -42,14 +42,15 @@ RUN_ID = "ranks-truth"
 DDP_SCENARIOS: dict[str, dict[str, Any]] = {
     # two buckets of one layer each: the last layer's all-reduce runs beside the first layer's
     # backward, the first layer's all-reduce after it
-    "ddp-little-overlap": {"layers": 2, "width": 2048, "bucket_mb": 16, "batch": 32, "steps": 40, "pairs": True},
+    "ddp-little-overlap": {"layers": 2, "width": 2048, "bucket_mb": 16, "batch": 32, "steps": 44, "pairs": True},
     # six buckets of one layer each: most of the all-reduce runs beside backward
-    "ddp-heavy-overlap": {"layers": 6, "width": 1024, "bucket_mb": 4, "batch": 64, "steps": 40, "pairs": True},
-    # rank 1 sleeps 80 ms per step beside the same compute as rank 0 (about 15 ms, so that it stays a
-    # straggler on a loaded machine); a tiny DDP model: the all-reduce is negligible (also when a loaded
-    # machine makes it take a few ms); no attach_ddp
-    "straggler": {"layers": 2, "width": 64, "bucket_mb": 25, "batch": 64, "steps": 30, "pairs": True,
-                  "sleep_rank": 1, "sleep_s": 0.08, "attach": False, "compute_layers": 3, "compute_width": 1536},
+    "ddp-heavy-overlap": {"layers": 6, "width": 1024, "bucket_mb": 4, "batch": 64, "steps": 44, "pairs": True},
+    # rank 1 sleeps 80 ms per step beside the same compute as rank 0 (about 35 ms: a slowdown of about
+    # 3, which a loaded machine lowers but keeps above 1.5, and a compute time long enough to compare
+    # slowdowns); a tiny DDP model: the all-reduce is negligible (also when a loaded machine makes it
+    # take a few ms); no attach_ddp
+    "straggler": {"layers": 2, "width": 64, "bucket_mb": 25, "batch": 64, "steps": 32, "pairs": True,
+                  "sleep_rank": 1, "sleep_s": 0.08, "attach": False, "compute_layers": 3, "compute_width": 2048},
     # a loader that takes 20 ms per batch, next() timed by gpulse (wrap_loader)
     "data-bound": {"layers": 2, "width": 512, "bucket_mb": 25, "batch": 32, "steps": 30, "pairs": False,
                    "load_s": 0.02},
@@ -82,18 +83,22 @@ def ddp_rank(rank: int, init: str, out: str, cfg: dict[str, Any]) -> None:
     pairs = cfg.get("pairs", False)
     ex = torch.randn(cfg["batch"], cfg.get("compute_width", 8))
 
-    def one_step(x: Any, sync: bool) -> None:
+    def one_step(x: Any, sync: bool) -> float:
+        """One step; returns the time of the rank's own work before the all-reduce."""
         ctx = contextlib.nullcontext() if sync else model.no_sync()
         with ctx:
+            t0 = time.perf_counter()
             if extra:  # identical compute on every rank, outside DDP
                 with torch.no_grad():
                     extra(ex)
             if sleep:
                 time.sleep(sleep)
             loss = model(x).square().mean()
+            work = time.perf_counter() - t0
             loss.backward()
         opt.step()
         opt.zero_grad()
+        return work
 
     for _ in range(WARMUP):  # DDP rebuilds its buckets after the first step
         one_step(next(it), True)
@@ -104,10 +109,10 @@ def ddp_rank(rank: int, init: str, out: str, cfg: dict[str, Any]) -> None:
     rows = []
     for i, x in enumerate(run.wrap_loader(it)):  # gpulse times the wait for each batch
         t1 = time.perf_counter()
-        sync = not pairs or i % 2 == 0
+        sync = not pairs or i % 4 < 2  # sync, sync, no_sync, no_sync: see sync_pairs
         with run.step(samples=cfg["batch"]):
-            one_step(x, sync)
-        rows.append({"wait": loader.waits[-1], "step": time.perf_counter() - t1, "sync": sync})
+            work = one_step(x, sync)
+        rows.append({"wait": loader.waits[-1], "step": time.perf_counter() - t1, "sync": sync, "work": work})
     wall = time.perf_counter() - t_run
     run.finish()
     Path(out, f"truth-{rank}.json").write_text(json.dumps({"rows": rows, "wall": wall, "batch": cfg["batch"]}))
@@ -145,27 +150,42 @@ def ddp_truth(out: Path, cfg: dict[str, Any]) -> dict[str, Any]:
         "data_loading_time_ratio": sum(row["wait"] for t in ranks for row in t["rows"]) / total,
     }
     if cfg.get("pairs"):
-        diffs = {r: _pair_diffs(t["rows"]) for r, t in enumerate(ranks)}
-        # the issue's truth: what gradient sync costs the steps, waiting for slower ranks included
-        truth["no_sync_difference_ratio"] = sum(sum(d) for d in diffs.values()) / steps_total
+        diffs = {
+            r: [t["rows"][a]["step"] - t["rows"][b]["step"] for a, b in sync_pairs(t["rows"])]
+            for r, t in enumerate(ranks)
+        }
+        # the issue's truth: what gradient sync costs the steps (each rank's mean pair difference on each
+        # of its sync steps), waiting for slower ranks included
+        syncs = {r: sum(row["sync"] for row in t["rows"]) for r, t in enumerate(ranks)}
+        mean = {r: statistics.fmean(d) for r, d in diffs.items()}
+        truth["no_sync_difference_ratio"] = sum(mean[r] * syncs[r] for r in diffs) / steps_total
         # the rank that waits least waits for no one: its difference is the communication itself
-        floor = min(statistics.fmean(d) for d in diffs.values())
-        truth["communication_time_ratio"] = floor * sum(len(d) for d in diffs.values()) / steps_total
+        floor = min(mean.values())
+        truth["communication_time_ratio"] = floor * sum(syncs.values()) / steps_total
         truth["wait_for_slower_ranks_ratio"] = truth["no_sync_difference_ratio"] - truth["communication_time_ratio"]
         truth["pair_diffs_s"] = diffs
-        nosync = {
-            r: statistics.median(row["step"] for row in t["rows"] if not row["sync"]) for r, t in enumerate(ranks)
-        }
         if "sleep_rank" in cfg:
+            # each rank's own work per step: its compute (and sleep) before the all-reduce, timed around it
+            work = {r: statistics.median(row["work"] for row in t["rows"]) for r, t in enumerate(ranks)}
             slow = cfg["sleep_rank"]
             fast = next(r for r in range(WORLD) if r != slow)
-            truth["straggler_slowdown"] = nosync[slow] / nosync[fast]
+            truth["straggler_slowdown"] = work[slow] / work[fast]
     return truth
 
 
-def _pair_diffs(rows: list[dict[str, Any]]) -> list[float]:
-    """Step time with sync − the next step's without, pair by pair."""
-    return [a["step"] - b["step"] for a, b in zip(rows[0::2], rows[1::2], strict=False) if a["sync"] and not b["sync"]]
+def sync_pairs(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(sync step, no_sync step) index pairs whose steps follow the same kind of step.
+
+    The loop goes sync, sync, no_sync, no_sync, ... After a sync step the ranks start together and,
+    on a loaded 2-core machine, compete for the cores; after a no_sync step they start apart. So a
+    sync step after a sync step is compared with a no_sync step after a sync step (the 2nd and 3rd
+    of each four), and a sync step after a no_sync step with a no_sync step after one (1st and 4th).
+    """
+    out = []
+    for i in range(4, len(rows) - 3, 4):  # the first four follow the warm-up (sync) steps
+        if rows[i]["sync"] and rows[i + 1]["sync"] and not rows[i + 2]["sync"] and not rows[i + 3]["sync"]:
+            out += [(i + 1, i + 2), (i, i + 3)]
+    return out
 
 
 def run_ddp(name: str, out: Path) -> dict[str, Any]:
@@ -173,7 +193,23 @@ def run_ddp(name: str, out: Path) -> dict[str, Any]:
 
     cfg = DDP_SCENARIOS[name]
     mp.spawn(ddp_rank, args=(str(out / "init"), str(out), cfg), nprocs=WORLD, join=True)
-    return {"scenario": name, "truth": ddp_truth(out, cfg), **reports(out, out / "gpulse-records.lp")}
+    result = {"scenario": name, "truth": ddp_truth(out, cfg), **reports(out, out / "gpulse-records.lp")}
+    if cfg.get("pairs"):
+        result["pairs"] = pairs(out, out / "gpulse-records.lp")
+    return result
+
+
+def pairs(out: Path, recording: Path) -> list[dict[str, float | None]]:
+    """Pair by pair on every rank: the no_sync difference, and what gpulse measured in the sync step."""
+    found = []
+    for rank in range(WORLD):
+        rows = json.loads((out / f"truth-{rank}.json").read_text())["rows"]
+        waited = logged(recording, "comm_s", rank)
+        in_flight = logged(recording, "comm_in_flight_s", rank)
+        for a, b in sync_pairs(rows):  # row i is step i + 1
+            found.append({"difference": rows[a]["step"] - rows[b]["step"],
+                          "waited": waited.get(a + 1), "in_flight": in_flight.get(a + 1)})  # fmt: skip
+    return found
 
 
 # -- Hugging Face Trainer and Lightning under torchrun ----------------------------------------------------
@@ -281,20 +317,21 @@ def run_torchrun(scenario: str, worker: str, out: Path) -> dict[str, Any]:
     truth = json.loads((out / "truth-0.json").read_text())
     result = {"scenario": scenario, "truth": truth, **reports(out, out / "gpulse-records.lp")}
     if "step_loss" in truth:
-        result["rank0"]["step_loss"] = logged(out / "gpulse-records.lp", "log_loss")
+        loss = logged(out / "gpulse-records.lp", "log_loss", 0)
+        result["rank0"]["step_loss"] = [loss[k] for k in sorted(loss)]
     return result
 
 
-def logged(recording: Path, field: str) -> list[float]:
-    """Rank 0's ``field`` per step, from the recording (a minimal line-protocol reading, any gpulse version)."""
+def logged(recording: Path, field: str, rank: int) -> dict[int, float]:
+    """A rank's ``field`` by step, from the recording (a minimal line-protocol reading, any gpulse version)."""
     by_step: dict[int, float] = {}
     for line in recording.read_text().splitlines():
-        if not line.startswith("train_step,") or ",rank=0," not in line.split(" ", 1)[0] + ",":
+        if not line.startswith("train_step,") or f",rank={rank}," not in line.split(" ", 1)[0] + ",":
             continue
         fields = dict(kv.split("=", 1) for kv in line.split(" ")[1].split(","))
         if field in fields:
             by_step[int(fields["step"].rstrip("i"))] = float(fields[field])
-    return [by_step[k] for k in sorted(by_step)]
+    return by_step
 
 
 # -- what gpulse said ------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ one and holds gpulse's figures against the truth:
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -49,11 +50,19 @@ def scenario(name: str, tmp_path: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", ["ddp-little-overlap", "ddp-heavy-overlap"])
 def test_the_no_sync_difference_lies_between_the_wait_and_the_time_in_flight(name: str, tmp_path: Path) -> None:
+    """Pair by pair (a sync step and a no_sync one after the same kind of step, on each rank; see
+    ``ranks_truth.sync_pairs``), medians over the pairs: a load spike moves one pair, not the
+    comparison."""
     res = scenario(name, tmp_path)
-    truth, g = res["truth"]["no_sync_difference_ratio"], res["rank0"]
-    exposed, in_flight = g["communication_time_ratio"], g["communication_in_flight_ratio"]
-    assert exposed <= truth <= in_flight, (exposed, truth, in_flight)
-    assert exposed >= truth / 5, (exposed, truth)
+    pairs = res["pairs"]
+    assert len(pairs) == 2 * 2 * (rt.DDP_SCENARIOS[name]["steps"] // 4 - 1)  # 20 pairs on each rank
+    difference = statistics.median(p["difference"] for p in pairs)
+    waited = statistics.median(p["waited"] for p in pairs)
+    in_flight = statistics.median(p["in_flight"] for p in pairs)
+    assert waited <= difference <= in_flight, (waited, difference, in_flight)
+    assert waited >= difference / 5, (waited, difference)
+    g = res["rank0"]
+    assert g["communication_time_ratio"] <= g["communication_in_flight_ratio"]
     assert "communication" in g["findings"] and g["hints"] == []
 
 
