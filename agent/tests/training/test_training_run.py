@@ -301,6 +301,17 @@ def test_the_steps_kept_for_the_report_are_bounded_and_evenly_thinned(tmp_path: 
     assert {s["run"] for s in run.report.steps} == {run.run_id}
 
 
+def test_the_runs_totals_count_every_step_also_those_thinned_out_of_the_report(tmp_path: Path) -> None:
+    run = Run(output_dir=tmp_path, socket_path=str(tmp_path / "none.sock"), max_report_steps=4, write_report=False)
+    for i in range(9):
+        with run.step(samples=i + 1, tokens=10 * (i + 1)):
+            pass
+    run.finish()
+    assert len(run.report.steps) == 3
+    (end,) = [p.fields for p in recorded(tmp_path / RECORD_FILE, "train_run") if p.fields["event"] == "end"]
+    assert (end["samples"], end["tokens"]) == (45, 450)
+
+
 def test_the_recording_and_the_report_are_private_files(agent: Agent, tmp_path: Path) -> None:
     """Run data is the user's: 0600 like the agent's own files, also where an older file was 0644."""
     out = tmp_path / "out"

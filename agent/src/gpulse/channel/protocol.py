@@ -161,13 +161,15 @@ class FieldShape:
     from its integer nanoseconds instead of by ``repr`` of a float. ``size`` is the longest that
     body can be."""
 
-    __slots__ = ("json", "kinds", "names", "size")
+    __slots__ = ("json", "kinds", "names", "pos", "size")
 
     def __init__(self, names: tuple[str, ...], kinds: str) -> None:
         if len(kinds) != len(names) or set(kinds) - set(_JSON_VALUE):
             raise ValueError(f"kinds {kinds!r} do not describe the fields {names}")
         self.names = names
         self.kinds = kinds
+        #: a name -> its index (one lookup for :meth:`NumericPoint.get`)
+        self.pos = {n: i for i, n in enumerate(names)}
         self.json = ",".join(
             _literal(_dumps(n)) + ":" + _JSON_VALUE[k] for n, k in zip(names, kinds, strict=True)
         ).encode()
@@ -211,6 +213,14 @@ class NumericPoint(Point):
 
     def __getitem__(self, name: str) -> int | float:
         return self.fields[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """One field's value (seconds for a duration) without making :attr:`fields`."""
+        i = self.shape.pos.get(name)
+        if i is None:
+            return default
+        v = self.values[i]
+        return v / 1e9 if self.shape.kinds[i] == KIND_NS else v
 
     def __eq__(self, other: object) -> bool:
         return type(other) is NumericPoint and self.wire() == other.wire()

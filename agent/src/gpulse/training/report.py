@@ -29,32 +29,48 @@ class ReportBuffer:
 
     def __init__(self, max_steps: int) -> None:
         self.max_steps = max(max_steps, 2)
-        #: every step's samples and tokens, also those thinned out (the run's end point carries them)
-        self.samples = 0
-        self.tokens = 0
         self._steps: list[tuple[Mapping[str, Any], int]] = []
         self.runs: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self._tags: Mapping[str, str] = {}
         self._stride = 1
         self._seen = 0
+        #: samples and tokens of the steps thinned out (the run's end point carries every step's)
+        self._out_samples = 0
+        self._out_tokens = 0
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         if measurement == "train_step":
             self._tags = tags
             self._seen += 1
-            self.samples += fields.get("samples") or 0
-            self.tokens += fields.get("tokens") or 0
             if (self._seen - 1) % self._stride:
+                self._count_out(fields)
                 return
             self._steps.append((fields, ts))
             if len(self._steps) >= self.max_steps:
+                for out, _ in self._steps[1::2]:
+                    self._count_out(out)
                 self._steps = self._steps[::2]
                 self._stride *= 2
         elif measurement == "train_run":
             self.runs.append({**tags, **fields, "time": ts})
         else:
             self.events.append({**tags, **fields, "time": ts})
+
+    def _count_out(self, fields: Mapping[str, Any]) -> None:
+        """Keep a thinned-out step's counts (only then: a kept step is read at the end)."""
+        self._out_samples += fields.get("samples") or 0
+        self._out_tokens += fields.get("tokens") or 0
+
+    @property
+    def samples(self) -> int:
+        """Every step's samples, thinned out or kept."""
+        return self._out_samples + sum(f.get("samples") or 0 for f, _ in self._steps)
+
+    @property
+    def tokens(self) -> int:
+        """Every step's tokens, thinned out or kept."""
+        return self._out_tokens + sum(f.get("tokens") or 0 for f, _ in self._steps)
 
     @property
     def steps(self) -> list[dict[str, Any]]:

@@ -368,10 +368,11 @@ class Run:
             steps=self.worker.steps_sent,
             duration_s=((self._finish_ns or time.time_ns()) - self._start_ns) / 1e9,
         )
-        if self.report.samples:
-            fields["samples"] = self.report.samples
-        if self.report.tokens:
-            fields["tokens"] = self.report.tokens
+        samples, tokens = self.report.samples, self.report.tokens
+        if samples:
+            fields["samples"] = samples
+        if tokens:
+            fields["tokens"] = tokens
         self.mfu.end_fields(fields)
         return fields
 
