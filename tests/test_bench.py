@@ -46,3 +46,22 @@ def test_a_quick_bench_run_prints_a_table_and_ends_with_exactly_the_documented_j
         if not key.startswith("step_overhead"):  # a difference of two timings; noise may cross zero
             assert value > 0, (key, value)
     assert "| figure" in out.stdout  # the readable table precedes the JSON line
+
+
+def test_the_background_split_names_every_part_for_both_cases(repo_root):
+    """``bench/step_background_split.py`` (BENCHMARKS.md's split of the background thread) runs and
+    reports a CPU figure for each part it names, with the agent listening and absent."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    env["BENCH_QUICK"] = "1"
+    out = subprocess.run(
+        [sys.executable, "step_background_split.py", "1"],
+        cwd=repo_root / "bench", env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    cases = out.stdout.split("agent absent:")
+    assert len(cases) == 2 and cases[0].startswith("agent listening:")
+    for case, parts in zip(cases, ({"PointMaker.step_point", "Client.submit_points", "Client.read_acks"},
+                                   {"PointMaker.step_point", "Client._record"}), strict=True):  # fmt: skip
+        figures = dict(line.split()[:2] for line in case.splitlines()[1:] if line.startswith("  "))
+        assert parts <= set(figures), (parts, figures)
+        assert all(float(v) > 0 for v in figures.values()), figures
