@@ -32,6 +32,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -173,6 +175,27 @@ def overhead(socket_path: str, out: Path, steps: int, reps: int) -> Overhead:
     return Overhead(Spread.of(cpu), Spread.of(wall), Spread.of(background), total_ns / ((reps + 1) * steps) / 1000)
 
 
+@contextmanager
+def listening_agent(tmp: str) -> Iterator[str]:
+    """A real ``gpulse agent`` (one simulated GPU, recording to a file) for the time of the block;
+    yields its socket path once the socket exists (at most 30 s)."""
+    sock = os.path.join(tmp, "run", "agent.sock")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpulse", "agent", "--simulate", "1", "--interval", "1",
+         "--record", os.path.join(tmp, "agent.lp"), "--socket", sock, "--spool-dir", os.path.join(tmp, "spool")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield sock
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+
+
 def run(table: Table) -> dict[str, float]:
     steps, reps = scale(1_500, 300), scale(13, 2)
     sync_calls = 0
@@ -189,21 +212,8 @@ def run(table: Table) -> dict[str, float]:
 
     gc_ns, gc_full = GC.total(), GC.full
     with tempfile.TemporaryDirectory() as tmp:
-        sock = os.path.join(tmp, "run", "agent.sock")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "gpulse", "agent", "--simulate", "1", "--interval", "1",
-             "--record", os.path.join(tmp, "agent.lp"), "--socket", sock, "--spool-dir", os.path.join(tmp, "spool")],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 30
-            while not os.path.exists(sock) and time.monotonic() < deadline:
-                time.sleep(0.05)
+        with listening_agent(tmp) as sock:
             listening = overhead(sock, Path(tmp) / "a", steps, reps)
-        finally:
-            agent.terminate()
-            agent.wait(timeout=30)
         absent = overhead(os.path.join(tmp, "nobody", "agent.sock"), Path(tmp) / "b", steps, reps)
         recorded = (Path(tmp) / "b" / "gpulse-records.lp").exists()
 

@@ -11,7 +11,6 @@ the point, the report buffer) read a little high; the totals are the step bench'
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,29 +56,18 @@ def main(reps: int) -> None:
         setattr(cls, name, _timed(cls, name, spent))
     steps = scale(1_500, 200)
     with tempfile.TemporaryDirectory() as tmp:
-        sock = os.path.join(tmp, "run", "agent.sock")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "gpulse", "agent", "--simulate", "1", "--interval", "1",
-             "--record", os.path.join(tmp, "agent.lp"), "--socket", sock, "--spool-dir", os.path.join(tmp, "spool")],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            while not os.path.exists(sock):
-                time.sleep(0.05)
-            cases = [("listening", sock)]
-            for case, path in [*cases, ("absent", os.path.join(tmp, "nobody", "agent.sock"))]:
-                spent.clear()
-                o = bench_step.overhead(path, Path(tmp) / case, steps, reps)
-                n = steps * (reps + 1)
-                print(f"agent {case}: background {o.background_total:.2f} µs/step (finish() included); by part:")
-                for label, ns in spent.items():
-                    print(f"  {label:28} {ns / n / 1000:6.2f} µs/step")
-                if case == "listening":
-                    agent.terminate()
-        finally:
-            agent.terminate()
-            agent.wait(timeout=30)
+        with bench_step.listening_agent(tmp) as sock:
+            _report("listening", bench_step.overhead(sock, Path(tmp) / "listening", steps, reps), spent, steps, reps)
+            spent.clear()
+        absent = os.path.join(tmp, "nobody", "agent.sock")
+        _report("absent", bench_step.overhead(absent, Path(tmp) / "absent", steps, reps), spent, steps, reps)
+
+
+def _report(case: str, o: bench_step.Overhead, spent: dict[str, int], steps: int, reps: int) -> None:
+    n = steps * (reps + 1)
+    print(f"agent {case}: background {o.background_total:.2f} µs/step (finish() included); by part:")
+    for label, ns in spent.items():
+        print(f"  {label:28} {ns / n / 1000:6.2f} µs/step")
 
 
 if __name__ == "__main__":
