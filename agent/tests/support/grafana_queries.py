@@ -2,7 +2,10 @@
 
 No Grafana server exists here: :func:`gpulse.dashboards.influxql.interpolate` reproduces its macro
 and variable substitution, and :func:`grafana_interval` its ``$__interval`` (range / max data
-points, rounded to Grafana's steps, never below the panel's or datasource's minimum). Variables
+points, rounded to Grafana's steps, never below the panel's or datasource's minimum: ``rangeutil.ts``
+``calculateInterval`` and ``roundInterval`` of ``@grafana/data`` 12.4.10, the table below in seconds).
+Where it differs: Grafana's max data points is the panel's width in pixels (a query option), here a
+fixed 1,000; below 1 s Grafana rounds to ms steps, which the datasource's 1 s minimum makes moot. Variables
 resolve the way Grafana 12.4's InfluxDB datasource resolves them (``datasource.ts``
 ``toMetricFindValue``: the first string field of each frame, in row order, duplicates dropped),
 sorted by the variable's ``sort`` option, defaulting to the first option unless "All" is offered.
@@ -21,12 +24,13 @@ from gpulse.dashboards.influxql import Variable, interpolate
 MAX_DATA_POINTS = 1000
 _ROUND = [(1.5, 1), (3.5, 2), (7.5, 5), (12.5, 10), (17.5, 15), (25, 20), (45, 30), (90, 60), (210, 120), (450, 300)]
 _ROUND += [(750, 600), (1050, 900), (1500, 1200), (2700, 1800), (5400, 3600), (9000, 7200), (16200, 10800)]
+_ROUND += [(32400, 21600), (86400, 43200), (604800, 86400), (1814400, 604800), (3628800, 2592000)]
 
 
 def grafana_interval(range_s: float, min_interval: str | None) -> str:
     """``$__interval``: range / max data points, rounded like Grafana, never below the min interval."""
     raw = range_s / MAX_DATA_POINTS
-    nice = next((v for limit, v in _ROUND if raw < limit), 21600)
+    nice = next((v for limit, v in _ROUND if raw < limit), 31536000)
     low = seconds(min_interval or "1s")  # the datasource's timeInterval
     return _fmt(max(nice, low))
 
