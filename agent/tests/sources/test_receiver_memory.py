@@ -2,9 +2,16 @@
 
 A real ``gpulse agent`` (simulated GPUs, recording to a file) receives, through its socket, 200,000
 unique ``log_*`` names (half from one run, half spread over 100 runs) and 20,000 unique tag sets,
-twice. What it may remember is bounded (``docs/channel.md``, "Limits"): its RSS grows by less than
-the documented bound in the first round and stays flat in the second, one run's excess is named
-once in its log and counted, and it keeps answering ``gpulse status``.
+five times. What it may remember is bounded (``docs/channel.md``, "Limits"): its RSS stays within the
+documented bound of where it started after every round, and once the caches are full (the first
+three rounds) it grows no further: the later rounds do not all end above the first rounds' peak (a
+leak would lift every later round; the allocator lifts one now and then). One run's
+excess is named once in its log and counted, and the agent keeps answering ``gpulse status``.
+
+Why not "the second round adds less than 5 MiB": the allocator moves the RSS by up to ~8 MiB from one
+round to the next without anything being kept (measured over six rounds: 41.1, 37.8, 43.6, 44.1,
+44.2, 44.2 MiB; 40.4, 45.3, 41.7, 44.8, 44.8, 42.6 MiB; one round jumped from 42.1 to 49.6 MiB), so
+that check failed in about one run in four, CI included.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from gpulse.cli.commands.status import query_status
 
 #: docs/channel.md, "Limits": what the agent's RSS may grow by under any such input.
 RSS_BOUND_MIB = 25
-#: A second round of the same attack finds the caches full: the RSS stays (almost) where it was.
+#: Rounds of the attack: the first ones fill the caches, the last ones show that nothing more is kept.
+ROUNDS = 5
+FILLING = 3
+#: Once the caches are full the later rounds' lowest RSS stays within this of the filling rounds' peak.
 FLAT_MIB = 5
 #: Datagrams sent before the test waits for the agent to have read them.
 PACE = 50
@@ -71,7 +81,7 @@ def test_unique_names_and_tag_sets_leave_the_agents_memory_flat(clean_env: dict[
         base = query_status(path)["records_received"]
         rss = [rss_mib(agent.pid)]
         sent = 0
-        for round_ in (1, 2):
+        for round_ in range(1, ROUNDS + 1):
             for i, (data, messages) in enumerate(attack(round_)):
                 sock.sendto(data, path)
                 sent += messages
@@ -87,9 +97,9 @@ def test_unique_names_and_tag_sets_leave_the_agents_memory_flat(clean_env: dict[
     finally:
         sock.close()
         assert agent.stop() == 0
-    assert rss[1] - rss[0] < RSS_BOUND_MIB, rss
-    assert rss[2] - rss[1] < FLAT_MIB, rss
+    assert max(rss[1:]) - rss[0] < RSS_BOUND_MIB, rss
+    assert min(rss[FILLING + 1 :]) - max(rss[1 : FILLING + 1]) < FLAT_MIB, rss
     # one run's excess is counted (the spread runs stay within their budget) and named once per run
-    assert dropped == {"too_many_open_fields": 2 * (100_000 - MAX_OPEN_FIELDS_PER_RUN)}
+    assert dropped == {"too_many_open_fields": ROUNDS * (100_000 - MAX_OPEN_FIELDS_PER_RUN)}
     named = [line for line in agent.stderr.splitlines() if "distinct log_*/phase_* fields" in line]
-    assert len(named) == 2 and "run one-1 " in named[0] and "run one-2 " in named[1]
+    assert len(named) == ROUNDS and all(f"run one-{r} " in line for r, line in enumerate(named, 1))
