@@ -3,8 +3,8 @@ several sending processes.
 
 The real ``gpulse agent`` runs pinned to CPU 0 (recording to a file, so no database limits it);
 sender processes pinned to the other core send ``train_step`` points packed into datagrams
-exactly as the training client packs them (``protocol.NumericPoint``, durations in integer ns,
-``encode``, ``datagram`` under ``MAX_DATAGRAM``), with blocking sends, so the kernel's backpressure paces them and nothing is
+exactly as the training client packs them (``protocol.StepRows``, durations in integer ns,
+``encode_rows``, ``rows_per_datagram`` rows under ``MAX_DATAGRAM``), with blocking sends, so the kernel's backpressure paces them and nothing is
 lost. The figure is records counted by the agent (``records_received`` via ``gpulse status``)
 divided by the time from the first send until the agent has counted them all. The baseline is
 the rate at which the same senders push the same datagrams into a socket whose reader only
@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from itertools import islice
 from pathlib import Path
 
 from common import Table, scale
@@ -40,16 +39,10 @@ def _datagrams(sender: int, n: int) -> list[bytes]:
         "i" + "nnnnn" + "ii" + "fff",
     )  # fmt: skip
     t0 = time.time_ns()
-    msgs = []
-    for i in range(n):
-        values = (i, 100_000_000, 10_000_000, 30_000_000, 50_000_000, 10_000_000, 32, 65536, 320.0, 655360.0, 1.5)
-        msgs.append(protocol.encode(protocol.NumericPoint(head, t0 + i * 1000, shape, values, seq=i)))
-    out, i = [], 0
-    while i < len(msgs):
-        n, data = protocol.datagram(islice(msgs, i, None))
-        out.append(data)
-        i += n
-    return out
+    values = (100_000_000, 10_000_000, 30_000_000, 50_000_000, 10_000_000, 32, 65536, 320.0, 655360.0, 1.5)
+    rows = protocol.StepRows(head, shape, [(i, *values, t0 + i * 1000) for i in range(n)])
+    per = protocol.rows_per_datagram(head, shape)
+    return [protocol.encode_rows(rows[i : i + per], i) for i in range(0, n, per)]
 
 
 def _sender(path: str, sender: int, n: int, ready: mp.Barrier) -> None:  # type: ignore[type-arg]

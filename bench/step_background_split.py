@@ -25,11 +25,11 @@ from common import scale
 from gpulse.training import client, points, report, worker
 
 PARTS: list[tuple[type, str]] = [
-    (worker.Worker, "_drain"),  # taking records off the queue: the point, the report buffer, handing over
-    (points.PointMaker, "step_point"),
-    (report.ReportBuffer, "add"),
-    (client.Client, "submit_points"),  # JSON encoding while the agent answers, a size bound while not
-    (client.Client, "pump"),  # reading acks, sending, recording what expired
+    (worker.Worker, "_drain"),  # taking records off the queue: the rows, the report buffer, handing over
+    (points.PointMaker, "step_row"),
+    (report.ReportBuffer, "add_rows"),
+    (client.Client, "submit_rows"),
+    (client.Client, "pump"),  # reading acks, sending (packing rows), recording what expired
     (client.Client, "read_acks"),
     (client.Client, "_send_unsent"),
     (client.Client, "_record"),  # the fallback file

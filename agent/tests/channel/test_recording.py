@@ -29,41 +29,53 @@ SHAPE = protocol.FieldShape(NAMES, "iii" + "nnnn" + "i" + "ff")  # ints, duratio
 T0 = 1_700_000_000_000_000_000
 
 
-def steps(n: int) -> list[protocol.NumericPoint]:
+def steps(n: int) -> protocol.StepRows:
     head = protocol.PointHead("train_step", TAGS)
-    out = []
+    rows = []
     for i in range(n):
         dt = 1_000_000 + 7919 * i
         t0 = T0 + i * 2_000_000
-        values = (i + 1, t0, t0 + dt, dt, 3021 + i, 700_001 + i, 12_345 * i, 32, 32 / (dt / 1e9), 1 / (i + 1))
-        out.append(protocol.NumericPoint(head, t0 + dt, SHAPE, values, seq=i + 1))
-    return out
+        loss = 10.0 ** (i % 40 - 20) / (i + 1)  # written with an exponent both ways: e-20 to e+19
+        rows.append((i + 1, t0, t0 + dt, dt, 3021 + i, 700_001 + i, 12_345 * i, 32, 32 / (dt / 1e9), loss, t0 + dt))
+    return protocol.StepRows(head, SHAPE, rows)
 
 
-def test_step_points_read_back_exactly_as_their_fields_and_as_the_encoder_would_write_them(tmp_path: Path) -> None:
-    points = steps(50)
+def test_step_rows_read_back_exactly_as_their_fields_and_as_the_encoder_would_write_them(tmp_path: Path) -> None:
+    rows = steps(50)
     recorder = Recorder(str(tmp_path / protocol.RECORD_FILE))
-    assert recorder.write(points[:1], "node1") == 1  # the encoder's own way: it learns the shape
-    assert recorder.write(points[1:], "node1") == 49  # the template
+    assert recorder.write([rows[:1]], "node1") == 1  # the encoder's own way: it learns the shape
+    assert recorder.write([rows[1:]], "node1") == 49  # the template
     recorder.close()
     lines = (tmp_path / protocol.RECORD_FILE).read_text().splitlines()
     assert "step_time_s=1007919e-9" in lines[1]  # a duration from its nanoseconds
     encoder = Encoder()
     series = encoder.series("train_step", {**TAGS, "host": "node1"})
-    for line, point in zip(lines, points, strict=True):
+    for line, point in zip(lines, rows.points(), strict=True):
         parsed = parse_line(line)
         assert parsed == parse_line(encoder.line(series, point.fields, point.ts).rstrip("\n"))
         assert parsed == LinePoint("train_step", {**TAGS, "host": "node1"}, point.fields, point.ts)
+
+
+def test_rows_of_a_shape_the_encoder_does_not_keep_whole_are_written_the_encoder_s_way(tmp_path: Path) -> None:
+    """A name outside the schema has no template: every row goes through the encoder, which leaves it out."""
+    shape = protocol.FieldShape(("step", "no_such_field"), "if")
+    rows = protocol.StepRows(protocol.PointHead("train_step", TAGS), shape, [(i, 0.5, T0 + i) for i in range(3)])
+    recorder = Recorder(str(tmp_path / protocol.RECORD_FILE))
+    assert recorder.write([rows], "node1") == 3
+    recorder.close()
+    parsed = [parse_line(line) for line in (tmp_path / protocol.RECORD_FILE).read_text().splitlines()]
+    assert [(p.fields, p.ts) for p in parsed] == [({"step": i}, T0 + i) for i in range(3)]
 
 
 @pytest.mark.influxdb
 def test_influxdb_stores_the_recorded_durations_as_the_very_floats_of_the_run(
     influxdb: InfluxDB1, clean_env: dict[str, str], tmp_path: Path
 ) -> None:
-    points = steps(20)
+    rows = steps(20)
+    points = rows.points()
     recorder = Recorder(str(tmp_path / protocol.RECORD_FILE))
-    recorder.write(points[:1], "node1")
-    recorder.write(points[1:], "node1")
+    recorder.write([rows[:1]], "node1")
+    recorder.write([rows[1:]], "node1")
     recorder.close()
     up = subprocess.run(
         gpulse_cmd("upload", "--api", "v1", "--url", influxdb.url, "--bucket", "gpulse", str(tmp_path / protocol.RECORD_FILE)),
@@ -89,7 +101,7 @@ fill(disk)  # one page left
 record = os.path.join(disk, "gpulse-records.lp")
 said = {{}}
 try:
-    Recorder(record).write(steps(60), "node1")
+    Recorder(record).write([steps(60)], "node1")
 except PartialRecording as e:
     said = {{"error": e.strerror, "written": e.written, "lost": e.lost}}
 read = list(read_lines(record))

@@ -1,25 +1,28 @@
 """The wire format of the training channel (``docs/channel.md``): typed messages, as both ends see them.
 
-The training client (``gpulse.training.client``) builds :class:`Point`, :class:`Register` and
-:class:`Unregister` and encodes them here; ``gpulse status`` sends a :class:`StatusRequest`. The
+The training client (``gpulse.training.client``) builds :class:`Point`, :class:`StepRows`,
+:class:`Register` and :class:`Unregister` and encodes them here; ``gpulse status`` sends a :class:`StatusRequest`. The
 agent's receiver answers with :class:`Ack` and :class:`StatusReply`, which the clients decode here
 (:func:`decode_reply`). What the agent receives is checked once, in :mod:`gpulse.channel.validate`,
 which turns it back into these types. Standard library only, so that importing the training library
 stays cheap.
 
-A datagram is UTF-8 JSON: one message object, or ``{"v": 1, "batch": [msg, ...]}``. Every message
+A datagram is UTF-8 JSON: one message object, or ``{"v": 1, "batch": [msg, ...]}``; or a rows
+datagram (step points: a JSON header, then packed numbers, :func:`encode_rows`). Every message
 carries ``"v"`` and ``"kind"``; ``point``, ``register`` and ``unregister`` also carry the sender's
-``seq`` (increasing per client), which the agent acknowledges with ``{"kind": "ack", "upto": seq}``
-once everything up to ``seq`` is durable.
+``seq`` (increasing per client), and each row of a rows datagram has its own (the header's and the
+ones after it), which the agent acknowledges with ``{"kind": "ack", "upto": seq}`` once everything
+up to ``seq`` is durable.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
-from itertools import accumulate
+from itertools import accumulate, starmap
 from typing import Any
 
 PROTOCOL_VERSION = 1
@@ -32,6 +35,11 @@ KIND_UNREGISTER = "unregister"
 KIND_STATUS = "status"
 KIND_STATUS_REPLY = "status_reply"
 KIND_ACK = "ack"
+#: A rows datagram (step points, :class:`StepRows`): ``ROWS_PREFIX``, a JSON header with this kind,
+#: a newline, then the rows packed as the header's ``kinds`` say (``docs/channel.md``).
+KIND_ROWS = "rows"
+#: First byte of a rows datagram (a JSON text never starts with it).
+ROWS_PREFIX = b"R"
 #: Kinds the agent acknowledges (they carry ``seq``).
 SEQUENCED_KINDS = (KIND_POINT, KIND_REGISTER, KIND_UNREGISTER)
 #: Kinds only the agent sends; a client sending one is rejected.
@@ -129,122 +137,115 @@ class Point(_Message):
 class PointHead:
     """What the points of one series share (measurement and tags), written as JSON once.
 
-    ``json`` is the whole message with the fields left open: ``json % (seq, ts, fields_body)``.
-    ``size`` is its length with room for the two integers."""
+    ``rows`` is the start of a rows datagram's header for this series with the ``seq`` left open
+    (``rows % seq``); a :class:`FieldShape` adds the rest."""
 
-    __slots__ = ("json", "measurement", "size", "tags")
+    __slots__ = ("measurement", "rows", "tags")
 
     def __init__(self, measurement: str, tags: Mapping[str, str]) -> None:
         self.measurement = measurement
         self.tags = tags
-        self.json = (
-            f'{{"v":{PROTOCOL_VERSION},"kind":"{KIND_POINT}","seq":%d,"m":{_literal(_dumps(measurement))},'
-            f'"ts":%d,"tags":{_literal(_dumps(tags))},"fields":{{%s}}}}'
-        ).encode()  # bytes: formatting bytes is faster than str and needs no encoding after
-        self.size = len(self.json) + 2 * _INT_CHARS
+        self.rows = (
+            ROWS_PREFIX
+            + (
+                f'{{"v":{PROTOCOL_VERSION},"kind":"{KIND_ROWS}","seq":%d,"m":{_literal(_dumps(measurement))},'
+                f'"tags":{_literal(_dumps(tags))},'
+            ).encode()
+        )  # bytes: formatting bytes is faster than str and needs no encoding after
 
 
 #: How a :class:`FieldShape` carries a value: an ``int``, a ``float``, or an ``int`` number of
-#: nanoseconds that stands for a float of seconds (written ``<ns>e-9``, which JSON and
-#: line-protocol readers, InfluxDB's included, parse to exactly ``ns / 1e9``: both are the double
-#: nearest to the same decimal). In bytes formatting ``%r`` is ``ascii()``: for numbers, ``repr``.
+#: nanoseconds that stands for a float of seconds (``ns / 1e9``, the double nearest to the true
+#: quotient: what JSON and line-protocol readers, InfluxDB's included, make of ``<ns>e-9``).
 KIND_INT, KIND_FLOAT, KIND_NS = "i", "f", "n"
-_JSON_VALUE = {KIND_INT: "%r", KIND_FLOAT: "%r", KIND_NS: "%de-9"}
+#: How each kind is packed in a row (``struct``): int64 or float64.
+_ROW_CODE = {KIND_INT: "q", KIND_FLOAT: "d", KIND_NS: "q"}
+
+
+def row_struct(kinds: str) -> struct.Struct:
+    """The layout of one row of fields carried as ``kinds``: little-endian, one int64 or float64 per
+    field, then the timestamp (int64 Unix ns). Both ends derive it from ``kinds``: the agent never
+    takes a layout from a client."""
+    return struct.Struct("<" + "".join(map(_ROW_CODE.__getitem__, kinds)) + "q")
 
 
 class FieldShape:
     """The field names of a kind of point, in order, and how each value is carried (``kinds``, one
-    :data:`KIND_INT` / :data:`KIND_FLOAT` / :data:`KIND_NS` per name).
+    :data:`KIND_INT` / :data:`KIND_FLOAT` / :data:`KIND_NS` per name); ``row`` packs one row of them
+    (:func:`row_struct`), ``header`` ends a rows datagram's header."""
 
-    The JSON of such fields is one ``%`` format (``json % values``), made once per shape: for a step,
-    a third of what :func:`json.dumps` of a dictionary costs, mostly because a duration is written
-    from its integer nanoseconds instead of by ``repr`` of a float. ``size`` is the longest that
-    body can be."""
-
-    __slots__ = ("json", "kinds", "names", "pos", "size")
+    __slots__ = ("header", "kinds", "names", "pos", "row")
 
     def __init__(self, names: tuple[str, ...], kinds: str) -> None:
-        if len(kinds) != len(names) or set(kinds) - set(_JSON_VALUE):
+        if len(kinds) != len(names) or set(kinds) - set(_ROW_CODE):
             raise ValueError(f"kinds {kinds!r} do not describe the fields {names}")
         self.names = names
         self.kinds = kinds
-        #: a name -> its index (one lookup for :meth:`NumericPoint.get`)
+        #: a name -> its index (one lookup to read one field of a row)
         self.pos = {n: i for i, n in enumerate(names)}
-        self.json = ",".join(
-            _literal(_dumps(n)) + ":" + _JSON_VALUE[k] for n, k in zip(names, kinds, strict=True)
-        ).encode()
-        self.size = len(self.json) + len(names) * _FLOAT_CHARS
+        self.row = row_struct(kinds)
+        self.header = (_literal(_dumps({"names": list(names), "kinds": kinds})[1:]) + "\n").encode()
+
+    def fields(self, row: tuple[int | float, ...]) -> dict[str, int | float]:
+        """A row's fields as a point has them (durations as seconds); its last value, the timestamp, left out."""
+        return {n: v / 1e9 if k == KIND_NS else v for n, k, v in zip(self.names, self.kinds, row)}  # noqa: B905
 
 
-class NumericPoint(Point):
-    """A point whose fields are numbers, given as a :class:`FieldShape` and one value per name:
-    what the training library makes for each step. It guarantees each value is a finite ``int``
-    or ``float`` (never ``bool``, never a subclass) of the kind its shape says.
+class StepRows:
+    """Points of one series (``head``) and one :class:`FieldShape`, as rows: a tuple per point with one
+    finite ``int`` or ``float`` per field (of the kind the shape says; durations in integer ns) and
+    the timestamp last. What the training library makes of its steps, a slice at a time.
 
-    It is encoded from its shape's template (:func:`encode_numeric`), and its measurement and tags
-    are written once per :class:`PointHead`. ``fields`` (seconds as floats) is made only when asked
-    for; the point also reads as that mapping (``keys()``, ``[name]``), so that the run's report
-    can keep the point itself and read its fields only at ``finish()``."""
+    On the wire they are one rows datagram (:func:`encode_rows`), without a name per value and
+    without formatting a number; the report reads their fields only at ``finish()``, and the
+    recording file formats them as line protocol with one template per shape."""
 
-    __slots__ = ("_fields", "head", "shape", "values")
+    __slots__ = ("head", "rows", "shape")
 
-    def __init__(self, head: PointHead, ts: int, shape: FieldShape, values: tuple[int | float, ...], seq: int | None = None) -> None:  # fmt: skip
-        self.measurement = head.measurement
-        self.ts = ts
-        self.tags = head.tags
-        self.seq = seq
+    def __init__(self, head: PointHead, shape: FieldShape, rows: list[tuple[int | float, ...]]) -> None:
         self.head = head
         self.shape = shape
-        self.values = values
-        self._fields: dict[str, int | float] | None = None
+        self.rows = rows
 
-    @property  # type: ignore[override]
-    def fields(self) -> dict[str, int | float]:
-        """The fields as a dictionary, durations in seconds."""
-        if self._fields is None:
-            self._fields = {
-                n: v / 1e9 if k == KIND_NS else v
-                for n, k, v in zip(self.shape.names, self.shape.kinds, self.values, strict=True)
-            }
-        return self._fields
+    def __len__(self) -> int:
+        return len(self.rows)
 
-    def keys(self) -> Any:
-        return self.fields.keys()
+    def __getitem__(self, part: slice) -> StepRows:
+        return StepRows(self.head, self.shape, self.rows[part])
 
-    def __getitem__(self, name: str) -> int | float:
-        return self.fields[name]
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """One field's value (seconds for a duration) without making :attr:`fields`."""
-        i = self.shape.pos.get(name)
-        if i is None:
-            return default
-        v = self.values[i]
-        return v / 1e9 if self.shape.kinds[i] == KIND_NS else v
+    def points(self, seqs: Iterable[int | None] | None = None) -> list[Point]:
+        """The rows as :class:`Point` objects (numbered ``seqs``): what the agent makes of them."""
+        head, shape = self.head, self.shape
+        seqs = [None] * len(self.rows) if seqs is None else seqs
+        return [Point(head.measurement, r[-1], head.tags, shape.fields(r), q) for r, q in zip(self.rows, seqs, strict=True)]  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is NumericPoint and self.wire() == other.wire()
+        return type(other) is StepRows and self._key() == other._key()
+
+    def _key(self) -> tuple[Any, ...]:
+        return self.head.measurement, dict(self.head.tags), self.shape.names, self.shape.kinds, self.rows
+
+    __hash__ = None  # type: ignore[assignment]
 
 
-#: Longest text of an int64 and of a float as ``repr`` writes them (``-2.2250738585072014e-308``).
+def encode_rows(rows: StepRows, seq: int) -> bytes:
+    """``rows`` as one rows datagram, the first numbered ``seq`` and the others after it; the caller
+    keeps it under :data:`MAX_DATAGRAM` (:func:`rows_per_datagram`)."""
+    return rows.head.rows % seq + rows.shape.header + b"".join(starmap(rows.shape.row.pack, rows.rows))
+
+
+def rows_size(rows: StepRows) -> int:
+    """The length of ``encode_rows(rows, seq)`` for any ``seq``, at most (a seq of 20 digits)."""
+    return len(rows.head.rows) + _INT_CHARS + len(rows.shape.header) + rows.shape.row.size * len(rows.rows)
+
+
+def rows_per_datagram(head: PointHead, shape: FieldShape, limit: int = MAX_DATAGRAM) -> int:
+    """How many rows of ``shape`` one datagram carries (at least one)."""
+    return max((limit - len(head.rows) - _INT_CHARS - len(shape.header)) // shape.row.size, 1)
+
+
+#: Longest text of an int64.
 _INT_CHARS = 20
-_FLOAT_CHARS = 24
-
-
-def encode_numeric(point: NumericPoint) -> bytes:
-    """``point`` as a datagram: what :func:`encode` gives for it."""
-    return encode_points((point,), (point.seq,))[0]  # type: ignore[arg-type]
-
-
-def encode_points(points: Iterable[NumericPoint], seqs: Iterable[int]) -> list[bytes]:
-    """Step points numbered ``seqs`` (a client's numbers for them), each as :func:`encode_numeric`
-    would give it, in one comprehension for a whole batch."""
-    return [p.head.json % (seq, p.ts, p.shape.json % p.values) for p, seq in zip(points, seqs, strict=True)]
-
-
-def size_bound(point: NumericPoint) -> int:
-    """At least the length of ``encode_numeric(point)``, known without encoding it."""
-    return point.head.size + point.shape.size
 
 
 class Register(_Message):
@@ -344,8 +345,6 @@ def _literal(text: str) -> str:
 
 def encode(message: Message) -> bytes:
     """One message as a datagram. Raises ``ValueError`` for NaN/Inf (the agent would reject them)."""
-    if type(message) is NumericPoint:
-        return encode_numeric(message)
     return _dumps(message.wire()).encode()
 
 
@@ -378,14 +377,6 @@ def datagram(encoded: Iterable[bytes], limit: int = MAX_DATAGRAM) -> tuple[int, 
 
 
 _PLUS_COMMA = (1).__add__  # a message's bytes in a batch: itself and its comma
-
-
-def decode_point(data: bytes) -> Point | None:
-    """A ``point`` message as :func:`encode` made it (a client reading back what it sent), else ``None``."""
-    msg = json.loads(data)
-    if msg.get("kind") != KIND_POINT:
-        return None
-    return Point(msg["m"], msg["ts"], msg["tags"], msg["fields"], msg["seq"])
 
 
 #: Longest ``host`` an ack may carry (the schema's tag value limit).

@@ -7,10 +7,10 @@ would have written (a point uploaded twice overwrites itself). The file is the u
 it is created 0600, like the agent's own files.
 
 The lines are the agent's encoder's (:mod:`gpulse.lineprotocol.encode`), with one shortcut for
-step points (:class:`~gpulse.channel.protocol.NumericPoint`): once a shape's first point has been
-encoded the usual way, its field keys and types are known, and the next points of that shape are
-one ``%`` format; durations are written from their integer nanoseconds as ``<ns>e-9``, a float
-InfluxDB (checked against 1.x's parser) and ``gpulse upload`` read as exactly ``ns / 1e9``.
+step rows (:class:`~gpulse.channel.protocol.StepRows`): once a shape's first row has been encoded
+the usual way, its field keys and types are known, and each next row of that shape is one ``%``
+format of the whole line; durations are written from their integer nanoseconds as ``<ns>e-9``, a
+float InfluxDB (checked against 1.x's parser) and ``gpulse upload`` read as exactly ``ns / 1e9``.
 
 An append never leaves half a line: ranks that share the file take a lock around their append, and
 when the disk fills up the part of the last line that was written is cut away again
@@ -27,16 +27,20 @@ import os
 import stat
 from collections.abc import Iterable
 
-from gpulse.channel.protocol import KIND_FLOAT, KIND_INT, KIND_NS, RECORD_FILE, FieldShape, NumericPoint, Point
+from gpulse.channel.protocol import KIND_FLOAT, KIND_INT, KIND_NS, RECORD_FILE, FieldShape, Point, PointHead, StepRows
 from gpulse.lineprotocol.encode import Encoder
 
 __all__ = ["PRIVATE_FILE_MODE", "RECORD_FILE", "PartialRecording", "Recorder", "open_private"]
 #: Mode of files holding a run's data (the recording, ``metrics_report.json``): the user's only.
 PRIVATE_FILE_MODE = 0o600
-#: Line-protocol value formats by (schema type, how the shape carries the value).
-_LP_VALUE = {("i", KIND_INT): "%di", ("f", KIND_FLOAT): "%r", ("f", KIND_NS): "%de-9"}
+#: Line-protocol value formats by (schema type, how the shape carries the value). A float is written
+#: with 17 significant digits, which read back as the very same double (IEEE 754 binary64 needs at
+#: most 17) and format faster than ``repr``'s shortest form: the text may differ from the agent's
+#: (``0.10000000000000001`` for ``0.1``), the stored value does not.
+_LP_VALUE = {("i", KIND_INT): "%di", ("f", KIND_FLOAT): "%.17g", ("f", KIND_NS): "%de-9"}
 #: Shapes whose line template a recorder keeps.
 MAX_TEMPLATES = 1024
+_UNKNOWN = b""
 
 
 def open_private(path: str, flags: int) -> int:
@@ -69,32 +73,22 @@ class Recorder:
         self.path = path
         self._encoder = Encoder()
         self._fd: int | None = None
-        #: (series head, host) -> the line prefix; shape -> its fields template (``None``: not possible)
-        self._prefixes: dict[tuple[object, str], bytes] = {}
-        self._templates: dict[FieldShape, bytes | None] = {}
+        #: (series head, shape, host) -> the line template of such rows (``None``: not possible)
+        self._templates: dict[tuple[PointHead, FieldShape, str], bytes | None] = {}
 
-    def write(self, points: Iterable[Point], host: str) -> int:
-        """Append ``points`` tagged with ``host``; returns the lines written.
+    def write(self, points: Iterable[Point | StepRows], host: str) -> int:
+        """Append ``points`` (and the points of step rows) tagged with ``host``; returns the lines written.
 
         Raises :class:`PartialRecording` when the file took only some of them, other ``OSError``
         when it could not be opened."""
-        lines = []
-        templates = self._templates
-        head: object = None
-        prefix = b""
+        lines: list[bytes] = []
         for p in points:
-            if type(p) is NumericPoint:
-                template = templates.get(p.shape)
-                if template is not None:  # the shortcut (see the module's docstring)
-                    if p.head is not head:
-                        head, prefix = p.head, self._prefix(p, host)
-                    lines.append(b"%s %s %d\n" % (prefix, template % p.values, p.ts))
-                    continue
-                line = self._first_line(p, host)
+            if type(p) is StepRows:
+                self._rows(p, host, lines)
             else:
-                line = self._line(p, host)
-            if line is not None:
-                lines.append(line)
+                line = self._line(p, host)  # type: ignore[arg-type]
+                if line is not None:
+                    lines.append(line)
         if not lines:
             return 0
         if self._fd is None:
@@ -110,38 +104,38 @@ class Recorder:
         line = enc.line(enc.series(p.measurement, {**p.tags, "host": host}), p.fields, p.ts)
         return None if line is None else line.encode()
 
-    def _first_line(self, p: NumericPoint, host: str) -> bytes | None:
-        """A step point of a shape without a template: the encoder's own way, which learns the
-        shape's keys, then the template when one is possible (tried once per shape)."""
-        line = self._line(p, host)
-        if p.shape not in self._templates:
+    def _rows(self, batch: StepRows, host: str, lines: list[bytes]) -> None:
+        """The lines of step rows: the encoder's own way for the first row of a shape (which teaches
+        the encoder the shape's keys), then one ``%`` format per row (the module's docstring)."""
+        key = (batch.head, batch.shape, host)
+        template = self._templates.get(key, _UNKNOWN)
+        start = 0
+        if template is _UNKNOWN:
+            first = self._line(batch[:1].points()[0], host)
+            if first is not None:
+                lines.append(first)
+            start = 1
             if len(self._templates) >= MAX_TEMPLATES:
                 self._templates.clear()
-            self._templates[p.shape] = self._template(p, host) if line is not None else None
-        return line
+            template = self._templates[key] = self._template(batch, host) if first is not None else None
+        if template is None:
+            lines.extend(filter(None, (self._line(p, host) for p in batch[start:].points())))
+        else:
+            lines.extend(map(template.__mod__, batch.rows[start:] if start else batch.rows))
 
-    def _prefix(self, p: NumericPoint, host: str) -> bytes:
-        key = (p.head, host)
-        prefix = self._prefixes.get(key)
-        if prefix is None:
-            if len(self._prefixes) >= MAX_TEMPLATES:
-                self._prefixes.clear()
-            series = self._encoder.series(p.measurement, {**p.tags, "host": host})
-            prefix = self._prefixes[key] = series.prefix.encode()
-        return prefix
-
-    def _template(self, p: NumericPoint, host: str) -> bytes | None:
-        """The fields of ``p``'s shape as a ``%`` format, when the encoder keeps every one of them
-        with the type the shape carries (else ``None``: such points take the encoder's way)."""
-        specs = self._encoder.series(p.measurement, {**p.tags, "host": host}).specs
+    def _template(self, batch: StepRows, host: str) -> bytes | None:
+        """The line of a row of ``batch``'s shape as a ``%`` format, when the encoder keeps every field
+        with the type the shape carries (else ``None``: such rows take the encoder's way)."""
+        series = self._encoder.series(batch.head.measurement, {**batch.head.tags, "host": host})
         parts = []
-        for name, kind in zip(p.shape.names, p.shape.kinds, strict=True):
-            spec = specs.get(name)
+        for name, kind in zip(batch.shape.names, batch.shape.kinds, strict=True):
+            spec = series.specs.get(name)
             value = _LP_VALUE.get((spec[1], kind)) if spec is not None else None
             if value is None:
                 return None
             parts.append(spec[0].replace("%", "%%") + value)  # type: ignore[index]
-        return ",".join(parts).encode()  # bytes: formatting them is faster than str
+        prefix = series.prefix.replace("%", "%%")
+        return f"{prefix} {','.join(parts)} %d\n".encode()  # bytes: formatting them is faster than str
 
     def _append(self, data: bytes, lines: int) -> None:
         """Append whole lines, under a lock shared with other ranks' recorders of this file.

@@ -30,18 +30,24 @@ from typing import Any
 
 from gpulse import schema
 from gpulse.channel.protocol import (
+    KIND_FLOAT,
+    KIND_INT,
+    KIND_NS,
     KIND_POINT,
     KIND_REGISTER,
+    KIND_ROWS,
     KIND_STATUS,
     KIND_UNREGISTER,
     MAX_DATAGRAM,
     MAX_OPEN_FIELDS_PER_RUN,
     PROTOCOL_VERSION,
     REPLY_KINDS,
+    ROWS_PREFIX,
     SEQUENCED_KINDS,
     Register,
     StatusRequest,
     Unregister,
+    row_struct,
 )
 from gpulse.lineprotocol.encode import Series
 from gpulse.lineprotocol.parse import Point as LinePoint
@@ -54,6 +60,7 @@ _INT_TAGS = ("rank", "local_rank", "world_size")
 _TAG_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _DIGITS = re.compile(r"\d{1,9}")
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+ROW_KINDS = frozenset((KIND_INT, KIND_FLOAT, KIND_NS))
 MAX_FIELDS = 256
 MAX_UUIDS = 64
 MAX_UUID_LEN = 128
@@ -73,6 +80,7 @@ REJECT_CAUSES = {
     "bad_json": "datagram is not JSON",
     "nonfinite": "NaN or Infinity in the JSON (not JSON, and never a valid value)",
     "bad_batch": '"batch" is not a list',
+    "bad_rows": "a rows datagram whose header (seq, names, kinds) or length does not fit",
     "not_object": "message is not a JSON object",
     "bad_version": 'missing or unsupported "v"',
     "bad_kind": '"kind" is not one the channel knows',
@@ -135,19 +143,14 @@ def _reject_constant(name: str) -> Any:
 
 
 def unpack(data: bytes) -> list[Any]:
-    """The messages of one datagram, unchecked (:meth:`Validator.message` checks each); raises :class:`Rejected`."""
+    """The messages of one datagram, unchecked (:meth:`Validator.message` checks each); raises :class:`Rejected`.
+
+    A rows datagram becomes one ``point`` message per row (:func:`unpack_rows`)."""
     if len(data) > MAX_DATAGRAM:
         raise Rejected("too_large", f"{len(data)} bytes > {MAX_DATAGRAM}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Rejected("not_utf8", str(exc)) from None
-    try:
-        obj = json.loads(text, parse_constant=_reject_constant)
-    except Rejected:
-        raise
-    except (ValueError, RecursionError) as exc:
-        raise Rejected("bad_json", str(exc)[:200]) from None
+    if data[:1] == ROWS_PREFIX:
+        return unpack_rows(data)
+    obj = _json(data)
     if isinstance(obj, dict) and "batch" in obj:
         if not _is_version(obj.get("v")):
             raise Rejected("bad_version", repr(obj.get("v"))[:40])
@@ -156,6 +159,64 @@ def unpack(data: bytes) -> list[Any]:
             raise Rejected("bad_batch", type(batch).__name__)
         return batch
     return [obj]
+
+
+def _json(data: bytes) -> Any:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Rejected("not_utf8", str(exc)) from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except Rejected:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise Rejected("bad_json", str(exc)[:200]) from None
+
+
+def unpack_rows(data: bytes) -> list[dict[str, Any]]:
+    """A rows datagram (``protocol.encode_rows``) as the ``point`` messages its rows stand for: row
+    ``i`` numbered ``seq + i``, each value named by the header's ``names``, a duration (kind ``n``)
+    in seconds, the timestamp the row's last value. The layout is derived here from ``kinds``
+    (``protocol.row_struct``); ``m``, ``tags`` and the values are checked like any point's."""
+    end = data.find(b"\n")
+    if end < 0:
+        raise Rejected("bad_rows", "no header")
+    header = _json(data[1:end])
+    if not isinstance(header, dict):
+        raise Rejected("not_object", type(header).__name__)
+    if not _is_version(header.get("v")):
+        raise Rejected("bad_version", repr(header.get("v"))[:40])
+    if header.get("kind") != KIND_ROWS:
+        raise Rejected("bad_kind", repr(header.get("kind"))[:40])
+    seq, names, kinds = header.get("seq"), header.get("names"), header.get("kinds")
+    if not (type(seq) is int and 0 <= seq <= _INT_MAX):
+        raise Rejected("bad_seq", repr(seq)[:40])
+    if not (
+        isinstance(names, list)
+        and 0 < len(names) <= MAX_FIELDS
+        and all(type(n) is str for n in names)
+        and len(set(names)) == len(names)
+        and type(kinds) is str
+        and len(kinds) == len(names)
+        and not set(kinds) - ROW_KINDS
+    ):
+        raise Rejected("bad_rows", "names and kinds", seq)
+    layout = row_struct(kinds)
+    body = memoryview(data)[end + 1 :]
+    if not body or len(body) % layout.size:
+        raise Rejected("bad_rows", f"{len(body)} bytes of rows of {layout.size}", seq)
+    if seq + len(body) // layout.size - 1 > _INT_MAX:
+        raise Rejected("bad_seq", "the rows' numbers pass int64", seq)
+    ns = [i for i, k in enumerate(kinds) if k == KIND_NS]
+    m, tags = header.get("m"), header.get("tags")
+    out = []
+    for i, row in enumerate(layout.iter_unpack(body)):
+        values = list(row)
+        for j in ns:
+            values[j] /= 1e9
+        out.append({"v": PROTOCOL_VERSION, "kind": KIND_POINT, "seq": seq + i, "m": m, "ts": row[-1], "tags": tags, "fields": dict(zip(names, values))})  # fmt: skip  # noqa: B905
+    return out
 
 
 def _is_version(v: Any) -> bool:

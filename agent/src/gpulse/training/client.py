@@ -25,6 +25,9 @@ from gpulse.channel.endpoint import AgentEndpoint
 from gpulse.channel.trust import UntrustedSocket
 from gpulse.training.errors import Guard
 
+#: While no agent answers, the client looks for one again after 1, 2, 4, then every 4 ``retry_interval``
+#: (each look costs the worker ~0.1 ms of CPU; unsent points are recorded after ``ack_timeout`` anyway).
+MAX_BACKOFF = 4
 #: Send errors that mean "try again later" (the agent's queue is full).
 _RETRY_LATER = {errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.EINTR}
 #: Send errors that mean "no agent there".
@@ -41,17 +44,16 @@ class _Chunk:
     """Messages with consecutive ``seq`` that wait together: submitted in one go (unsent), or sent in
     one datagram (in flight). Per chunk, not per message, so that a step costs no object of its own.
 
-    ``msgs`` are the messages while unsent; ``data`` their encodings once made: a step point is
-    encoded when it is sent (one recorded to the file never needs JSON), and once sent only the
-    encodings are kept (bytes, which the garbage collector never has to scan; what times out is
-    decoded back to points for the file). ``size`` is what the chunk counts against
-    ``max_unacked_bytes``: a bound until its messages are encoded, then exact."""
+    ``msgs`` are either other messages (``Point``, ``Register``...) with their JSON in ``data``, or
+    one :class:`~gpulse.protocol.StepRows` (``data`` ``None``: rows are packed when sent). What waits
+    too long is recorded to the file from ``msgs``. ``size`` is what the chunk counts against
+    ``max_unacked_bytes``."""
 
     __slots__ = ("data", "msgs", "seqs", "size", "t")
 
     def __init__(
-        self, msgs: list[Outgoing] | None, seqs: Sequence[int], t: float, size: int, data: Sequence[bytes] | None = None
-    ) -> None:
+        self, msgs: list[Outgoing] | protocol.StepRows, seqs: Sequence[int], t: float, size: int, data: Sequence[bytes] | None = None
+    ) -> None:  # fmt: skip
         self.msgs = msgs
         self.seqs = seqs  # a range, or a tuple when a message between was recorded instead
         self.t = t  # creation time, then send time (monotonic)
@@ -59,25 +61,24 @@ class _Chunk:
         self.data = data
 
     def split(self, n: int) -> _Chunk:
-        """Take the first ``n`` messages off into a chunk of their own (sizes shared in proportion until encoded)."""
+        """Take the first ``n`` messages off into a chunk of their own."""
         data, msgs = self.data, self.msgs
         if data is not None:
             size = sum(map(len, data[:n]))
             self.data = data[n:]
         else:
-            size = -(-self.size * n // len(self.seqs))
-        front = _Chunk(msgs[:n] if msgs is not None else None, self.seqs[:n], self.t, size, data and data[:n])
-        if msgs is not None:
-            self.msgs = msgs[n:]
+            size = protocol.rows_size(msgs[:n])  # type: ignore[arg-type]
+        front = _Chunk(msgs[:n], self.seqs[:n], self.t, size, data and data[:n])
+        self.msgs = msgs[n:]
         self.seqs = self.seqs[n:]
         self.size -= size
         return front
 
-    def points(self) -> list[protocol.Point]:
-        """The chunk's points, decoded from what was sent when only that is left."""
-        if self.msgs is not None:
-            return [m for m in self.msgs if isinstance(m, protocol.Point)]
-        return [p for p in map(protocol.decode_point, self.data or ()) if p is not None]
+    def points(self) -> list[protocol.Point | protocol.StepRows]:
+        """What the recording file takes of this chunk."""
+        if type(self.msgs) is protocol.StepRows:
+            return [self.msgs]
+        return [m for m in self.msgs if isinstance(m, protocol.Point)]
 
 
 class Client:
@@ -108,6 +109,7 @@ class Client:
         self._count = 0  # messages in both
         self._bytes = 0
         self._retry_at = 0.0
+        self._absent_tries = 0
         self.agent_absent = False
         #: why the last try could not reach the agent ("" once a send went through)
         self.unreachable = ""
@@ -139,9 +141,6 @@ class Client:
 
     def submit(self, msg: Outgoing, now: float | None = None) -> None:
         """Queue one message (its ``seq`` is assigned here) for the next :meth:`pump`."""
-        if type(msg) is protocol.NumericPoint:
-            self.submit_points([msg], now)
-            return
         self._seq += 1
         msg.seq = self._seq
         try:
@@ -157,19 +156,19 @@ class Client:
             return
         self._queue(chunk)
 
-    def submit_points(self, points: list[protocol.NumericPoint], now: float | None = None) -> None:
-        """Queue step points, numbered here in order (their chunk keeps the numbers: a point is given
-        its own only in its JSON). They are encoded now while the agent can be reached, else only if
-        it can again before they go to the file (counted by a bound till then)."""
-        if not points:
+    def submit_rows(self, rows: protocol.StepRows, now: float | None = None) -> None:
+        """Queue step rows, numbered here in order (their chunk keeps the numbers). Nothing is encoded
+        now: rows are packed as they are sent, and their size is known without it."""
+        if not rows.rows:
             return
         first = self._seq + 1
-        self._seq += len(points)
-        chunk = _Chunk(points, range(first, self._seq + 1), time.monotonic() if now is None else now, 0)  # type: ignore[arg-type]
-        if self.agent_absent:
-            chunk.size = sum(map(protocol.size_bound, points))
-        else:
-            self._encode(chunk)
+        self._seq += len(rows.rows)
+        t = time.monotonic() if now is None else now
+        chunk = _Chunk(rows, range(first, self._seq + 1), t, protocol.rows_size(rows))
+        if protocol.rows_size(rows[:1]) > protocol.MAX_DATAGRAM:  # field names alone fill a datagram
+            self.guard.report("oversize_message", detail=f"{len(rows)} step point(s) over a datagram; recorded to file")
+            self._record([chunk])
+            return
         self._queue(chunk)
 
     def _queue(self, chunk: _Chunk) -> None:
@@ -212,22 +211,6 @@ class Client:
             self._send_unsent(now)
         self._expire(now)
 
-    def _encode(self, chunk: _Chunk) -> None:
-        """Encode a chunk of step points, not on the books (a point too large for a datagram is recorded instead)."""
-        msgs = chunk.msgs
-        assert msgs is not None
-        data = protocol.encode_points(msgs, chunk.seqs)  # type: ignore[arg-type]
-        if max(map(len, data)) > protocol.MAX_DATAGRAM:
-            fits = [len(d) <= protocol.MAX_DATAGRAM for d in data]
-            big = [m for m, ok in zip(msgs, fits, strict=True) if not ok]
-            self.guard.report("oversize_message", detail=f"{len(big)} step point(s) over a datagram; recorded to file")
-            self._record([_Chunk(big, (), chunk.t, 0)])
-            chunk.msgs = [m for m, ok in zip(msgs, fits, strict=True) if ok]
-            chunk.seqs = tuple(q for q, ok in zip(chunk.seqs, fits, strict=True) if ok)
-            data = [d for d, ok in zip(data, fits, strict=True) if ok]
-        chunk.size = sum(map(len, data))
-        chunk.data = data
-
     def _send_unsent(self, now: float) -> None:
         endpoint = self.endpoint
         if endpoint is None:
@@ -239,16 +222,12 @@ class Client:
             try:
                 if endpoint.agent_uid is None:
                     endpoint.connect()  # before encoding: with no agent there, nothing is encoded for nothing
-                if chunk.data is None:  # queued while the agent could not be reached
-                    self._count -= len(chunk.seqs)
-                    self._bytes -= chunk.size
-                    self._encode(chunk)
-                    self._count += len(chunk.seqs)
-                    self._bytes += chunk.size
-                    if not chunk.seqs:
-                        unsent.popleft()
-                        continue
-                n, data = protocol.datagram(chunk.data)  # type: ignore[arg-type]
+                if chunk.data is None:  # step rows: as many as one datagram carries
+                    rows: protocol.StepRows = chunk.msgs  # type: ignore[assignment]
+                    n = min(len(rows), protocol.rows_per_datagram(rows.head, rows.shape))
+                    data = protocol.encode_rows(rows[:n] if n < len(rows) else rows, chunk.seqs[0])
+                else:
+                    n, data = protocol.datagram(chunk.data)
                 endpoint.send(data)
             except UntrustedSocket as exc:
                 self.unreachable = f"the agent socket {exc}"
@@ -284,15 +263,15 @@ class Client:
                 if exc.errno not in _AGENT_ABSENT:
                     self.guard.report("send", exc)
                 self.agent_absent = True
-                self._retry_at = now + self.retry_interval
+                self._absent_tries += 1  # look again after 1, 2, 4, 4... retry intervals
+                self._retry_at = now + self.retry_interval * min(2 ** (self._absent_tries - 1), MAX_BACKOFF)
                 return
             self.agent_absent = False
+            self._absent_tries = 0
             self.unreachable = ""
             self.datagrams += 1
             sent = chunk.split(n) if n < len(chunk.seqs) else unsent.popleft()
             sent.t = now
-            sent.msgs = None  # in flight: only the bytes are kept (see _Chunk)
-            sent.data = tuple(sent.data)  # type: ignore[arg-type]
             self._inflight.append(sent)
             self.sent += n
 
@@ -331,8 +310,8 @@ class Client:
 
     def read_acks(self) -> None:
         endpoint = self.endpoint
-        if endpoint is None:
-            return
+        if endpoint is None or (endpoint.agent_uid is None and not self._inflight):
+            return  # never connected, or gone with nothing awaiting an ack: no reply to read (a stray one waits)
         foreign = endpoint.foreign
         try:
             for data in endpoint.receive():
@@ -390,6 +369,7 @@ class Client:
         points = [p for c in chunks for p in c.points()]
         if not points:
             return
+        count = sum(len(p) if type(p) is protocol.StepRows else 1 for p in points)
         try:
             if self._recorder is None:
                 from gpulse.channel.recording import Recorder  # only now: the happy path never needs the encoder
@@ -397,7 +377,7 @@ class Client:
                 self._recorder = Recorder(self.record_path)
             self.recorded += self._recorder.write(points, self._host)
         except Exception as exc:
-            written, lost = getattr(exc, "written", 0), getattr(exc, "lost", len(points))  # PartialRecording
+            written, lost = getattr(exc, "written", 0), getattr(exc, "lost", count)  # PartialRecording
             self.recorded += written
             self.dropped += lost
             self.guard.report("record_write", exc, f"{self.record_path}: {lost} points not recorded")

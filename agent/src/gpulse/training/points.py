@@ -1,7 +1,7 @@
 """What a run's records become: the fields of its points, named and typed as ``gpulse.schema`` says.
 
 Runs on the worker thread. A :class:`~gpulse.training.step.StepRecord` becomes one ``train_step``
-point, a :class:`~gpulse.channel.protocol.NumericPoint` (durations carried as integer nanoseconds
+point, a row of :class:`~gpulse.channel.protocol.StepRows` (durations carried as integer nanoseconds
 and read as seconds, rates, MFU, memory, logged scalars as ``log_<name>``, phases as ``<phase>_s``
 / ``phase_<name>_s``); the run's start and end become ``train_run`` fields. A run may use at most :data:`~gpulse.channel.protocol.MAX_OPEN_FIELDS_PER_RUN` distinct
 ``log_*`` / ``phase_*`` names (the agent enforces the same): more is a mistake, named once in the
@@ -21,12 +21,11 @@ from gpulse.channel.protocol import (
     KIND_NS,
     MAX_OPEN_FIELDS_PER_RUN,
     FieldShape,
-    NumericPoint,
-    PointHead,
 )
 from gpulse.training.cuda import CudaDevice
 from gpulse.training.errors import Guard
 from gpulse.training.mfu import Mfu
+from gpulse.training.plans import Layout, Plan, compile_plan
 from gpulse.training.step import StepRecord
 
 STANDARD_PHASES = ("forward", "backward", "optimizer")
@@ -90,16 +89,65 @@ class PointMaker:
         self._names: set[str] = set()
         #: field names -> their shape (a run has a handful; more only with ever-changing log names)
         self._shapes: dict[tuple[str, ...], StepShape] = {}
+        #: layouts seen -> (their plan, its shape), or ``None`` when the plan did not give the general path's row
+        self._plans: dict[Layout, tuple[Plan, StepShape] | None] = {}
+        self._plan: tuple[Plan, StepShape] | None = None
         #: a phase name (host times, GPU times) or a logged name -> its field name, for names already
         #: accepted (bounded together)
         self._cpu_keys: dict[str, str] = {}
         self._gpu_keys: dict[str, str] = {}
         self._log_keys: dict[str, str] = {}
 
-    def step_point(
-        self, rec: StepRecord, offset_ns: int, gpu_times: dict[str, float] | None, head: PointHead
-    ) -> NumericPoint:
-        """The ``train_step`` point of ``rec``; ``offset_ns`` turns ``perf_counter_ns`` into Unix ns.
+    def step_row(
+        self, rec: StepRecord, offset_ns: int, gpu_times: dict[str, float] | None
+    ) -> tuple[StepShape, tuple[int | float, ...]]:
+        """The ``train_step`` point of ``rec`` as a shape and a row (:class:`~gpulse.channel.protocol.StepRows`,
+        the timestamp last); ``offset_ns`` turns ``perf_counter_ns`` into Unix ns.
+
+        By the plan of the record's layout when there is one (:mod:`gpulse.training.plans`; the last
+        one used is tried first), else by :meth:`general_row`, after which the layout's plan is made
+        and kept if it gives the same row."""
+        layout = None
+        if gpu_times is None:
+            plan = self._plan
+            if plan is not None:
+                row = plan[0](rec, offset_ns)
+                if row is not None:
+                    return plan[1], row
+            try:
+                layout = Layout.of(rec)
+            except Exception:  # a count of a type that has no truth value: the general path says so
+                layout = None
+            plan = self._plans.get(layout) if layout is not None else None
+            if plan is not None:
+                row = plan[0](rec, offset_ns)
+                if row is not None:
+                    self._plan = plan
+                    return plan[1], row
+        shape, row = self.general_row(rec, offset_ns, gpu_times)
+        if layout is not None and layout not in self._plans:
+            self._make_plan(layout, rec, offset_ns, shape, row)
+        return shape, row
+
+    def _make_plan(
+        self, layout: Layout, rec: StepRecord, offset_ns: int, shape: StepShape, row: tuple[int | float, ...]
+    ) -> None:
+        """Compile ``layout``'s plan and keep it if it gives ``row`` for ``rec`` (else remember there is none)."""
+        if len(self._plans) >= MAX_SHAPES:
+            self._plans.clear()
+        plan = compile_plan(layout, self.mfu)
+        try:
+            same = plan(rec, offset_ns) == row
+        except Exception:
+            same = False
+        self._plans[layout] = (plan, shape) if same else None
+        if same:
+            self._plan = (plan, shape)
+
+    def general_row(
+        self, rec: StepRecord, offset_ns: int, gpu_times: dict[str, float] | None
+    ) -> tuple[StepShape, tuple[int | float, ...]]:
+        """:meth:`step_row` for any record: the one definition of a step's fields.
 
         Every value is a finite ``int`` or ``float`` of the kind the point's shape says (durations in
         integer nanoseconds): values the integrations or the user handed over in another type (a
@@ -195,7 +243,8 @@ class PointMaker:
         shape = self._shapes.get(tuple(names)) or self._shape(tuple(names))
         if shape.merge is not None:  # a name twice (a phase entered twice): one field
             values = shape.merged(values)
-        return NumericPoint(head, t1 + offset_ns, shape, tuple(values))
+        values.append(t1 + offset_ns)  # the timestamp, last
+        return shape, tuple(values)
 
     def _shape(self, names: tuple[str, ...]) -> StepShape:
         """The shape of a step point with these field names (cached; a name twice is merged)."""

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
+
+from gpulse.channel.protocol import FieldShape, StepRows
 
 if TYPE_CHECKING:
     from gpulse.training.gather import Gathered
@@ -25,11 +28,13 @@ REPORT_FILE = "metrics_report.json"
 class ReportBuffer:
     """The run's own points for the report; steps are capped at ``max_steps`` by halving the resolution.
 
-    Step fields are kept as sent (no copy; the tags are the run's and added when the report is built)."""
+    Steps are kept as the rows that were sent (:class:`~gpulse.channel.protocol.StepRows`, no copy),
+    a slice at a time; their fields are read, and the run's tags added, only when the report is built."""
 
     def __init__(self, max_steps: int) -> None:
         self.max_steps = max(max_steps, 2)
-        self._steps: list[tuple[Mapping[str, Any], int]] = []
+        #: the kept steps: (shape, row) in order
+        self._steps: list[tuple[FieldShape, tuple[int | float, ...]]] = []
         self.runs: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self._tags: Mapping[str, str] = {}
@@ -40,37 +45,48 @@ class ReportBuffer:
         self._out_tokens = 0
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
-        if measurement == "train_step":
-            self._tags = tags
-            self._seen += 1
-            if (self._seen - 1) % self._stride:
-                self._count_out(fields)
-                return
-            self._steps.append((fields, ts))
-            if len(self._steps) >= self.max_steps:
-                for out, _ in self._steps[1::2]:
-                    self._count_out(out)
-                self._steps = self._steps[::2]
-                self._stride *= 2
-        elif measurement == "train_run":
-            self.runs.append({**tags, **fields, "time": ts})
-        else:
-            self.events.append({**tags, **fields, "time": ts})
+        """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
+        (self.runs if measurement == "train_run" else self.events).append({**tags, **fields, "time": ts})
 
-    def _count_out(self, fields: Mapping[str, Any]) -> None:
-        """Keep a thinned-out step's counts (only then: a kept step is read at the end)."""
-        self._out_samples += fields.get("samples") or 0
-        self._out_tokens += fields.get("tokens") or 0
+    def add_rows(self, batch: StepRows) -> None:
+        """Keep every ``stride``-th step of ``batch``; count the samples and tokens of the others."""
+        self._tags = batch.head.tags
+        rows, shape = batch.rows, batch.shape
+        kept = rows[(-self._seen) % self._stride :: self._stride] if self._stride > 1 else rows
+        self._seen += len(rows)
+        if len(kept) < len(rows):
+            self._count(shape, rows, 1)
+            self._count(shape, kept, -1)
+        self._steps += zip(repeat(shape), kept)
+        while len(self._steps) >= self.max_steps:
+            for out_shape, row in self._steps[1::2]:
+                self._count(out_shape, (row,), 1)
+            self._steps = self._steps[::2]
+            self._stride *= 2
+
+    def _count(self, shape: FieldShape, rows: Sequence[tuple[int | float, ...]], sign: int) -> None:
+        """Add (``sign`` 1) or take back (-1) the samples and tokens of ``rows`` to the thinned-out counts."""
+        for name in ("samples", "tokens"):
+            i = shape.pos.get(name)
+            if i is not None:
+                n = sign * sum(r[i] for r in rows)
+                if name == "samples":
+                    self._out_samples += n
+                else:
+                    self._out_tokens += n
+
+    def _kept(self, name: str) -> int:
+        return sum(row[shape.pos[name]] for shape, row in self._steps if name in shape.pos)  # type: ignore[misc]
 
     @property
     def samples(self) -> int:
         """Every step's samples, thinned out or kept."""
-        return self._out_samples + sum(f.get("samples") or 0 for f, _ in self._steps)
+        return self._out_samples + self._kept("samples")
 
     @property
     def tokens(self) -> int:
         """Every step's tokens, thinned out or kept."""
-        return self._out_tokens + sum(f.get("tokens") or 0 for f, _ in self._steps)
+        return self._out_tokens + self._kept("tokens")
 
     @property
     def steps(self) -> list[dict[str, Any]]:
@@ -81,7 +97,7 @@ class ReportBuffer:
         kept = self._steps
         if at_most is not None and len(kept) > at_most:
             kept = kept[:: -(-len(kept) // max(at_most, 1))]
-        return [{**self._tags, **fields, "time": ts} for fields, ts in kept]
+        return [{**self._tags, **shape.fields(row), "time": row[-1]} for shape, row in kept]
 
 
 def write_report(buffer: ReportBuffer, output_dir: str, others: Gathered | None = None) -> str:

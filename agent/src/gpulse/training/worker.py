@@ -2,9 +2,10 @@
 
 It wakes every ``tick_s`` (and at once for ``finish()``), drains the training thread's queue in
 slices of at most :data:`SLICE` records and talks to the agent between two slices, so a flood of
-steps cannot keep points from reaching the agent. Each slice's steps become step points
-(:class:`~gpulse.channel.protocol.NumericPoint`, made by :mod:`gpulse.training.points`) handed to
-the client in one go; what a step costs here is measured by ``bench/bench_step.py``. A step
+steps cannot keep points from reaching the agent. Each slice's steps become rows
+(:class:`~gpulse.channel.protocol.StepRows`, made by :mod:`gpulse.training.points`), handed to the
+client and the report buffer in one go per shape; what a step costs here is measured by
+``bench/bench_step.py``. A step
 with GPU timings waits (without blocking anything) until its CUDA events have completed, at most
 :data:`GPU_WAIT_S`; then it is sent without them. Every point also goes to the report buffer.
 Every :data:`GPU_REFRESH_S` (and as soon as CUDA is found) it registers the rank's GPUs with the
@@ -19,10 +20,10 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
-from gpulse.channel.protocol import NumericPoint, Point, PointHead, Register, Unregister
+from gpulse.channel.protocol import Point, PointHead, Register, StepRows, Unregister
 from gpulse.training.client import Client
 from gpulse.training.errors import Guard
-from gpulse.training.points import PointMaker, finite_fields
+from gpulse.training.points import PointMaker, StepShape, finite_fields
 from gpulse.training.report import ReportBuffer
 from gpulse.training.step import StepRecord, StepRecorder
 from gpulse.training.timing import CudaTimer
@@ -139,19 +140,27 @@ class Worker:
         q = self.steps.queue
         pending = self._pending_gpu
         now = time.monotonic()
-        points: list[NumericPoint] = []
         cuda_logs = self.steps.cuda.timer is not None  # only then can a logged value be a pending copy
+        step_row = self.points.step_row
+        offset = self._offset_ns
+        shape: StepShape | None = None
+        rows: list[tuple[int | float, ...]] = []
         for _ in range(min(SLICE, len(q))):
             item = q.popleft()
             if type(item) is StepRecord:
                 if item.gpu_pairs or (cuda_logs and _has_cuda_logs(item.logs)):
                     pending.append((item, now))
-                else:
-                    points.append(self._step_point(item, None))
+                    continue
+                row_shape, row = step_row(item, offset, None)
+                if row_shape is not shape:  # rows of one shape go together
+                    self._send_rows(shape, rows, now)
+                    shape, rows = row_shape, []
+                rows.append(row)
             else:
-                self._send_steps(points, now)  # first: the queue's order is kept
+                self._send_rows(shape, rows, now)  # first: the queue's order is kept
+                shape, rows = None, []
                 self.emit(item)
-        self._send_steps(points, now)
+        self._send_rows(shape, rows, now)
         if pending:
             self._drain_gpu(final)
         return bool(q)
@@ -184,7 +193,7 @@ class Worker:
                     for key in [k for k, v in logs.items() if type(v) is tuple]:
                         del logs[key]
                 pending.popleft()
-                self._send_steps([self._step_point(rec, None)], time.monotonic())
+                self._send_rows(*self._row(rec, None), time.monotonic())
                 continue
             pending.popleft()
             times = None
@@ -194,20 +203,21 @@ class Worker:
                     times = timer.read(pairs)
                 except Exception as exc:
                     self.guard.report("cuda_elapsed", exc)
-            self._send_steps([self._step_point(rec, times)], time.monotonic())
+            self._send_rows(*self._row(rec, times), time.monotonic())
 
-    def _step_point(self, rec: StepRecord, gpu_times: dict[str, float] | None) -> NumericPoint:
-        """A step's point, also kept for the report (which reads its fields only at finish)."""
-        point = self.points.step_point(rec, self._offset_ns, gpu_times, self._step_head)
-        self.report.add("train_step", self.tags, point, point.ts)  # type: ignore[arg-type]
-        return point
+    def _row(
+        self, rec: StepRecord, gpu_times: dict[str, float] | None
+    ) -> tuple[StepShape, list[tuple[int | float, ...]]]:
+        shape, row = self.points.step_row(rec, self._offset_ns, gpu_times)
+        return shape, [row]
 
-    def _send_steps(self, points: list[NumericPoint], now: float) -> None:
-        """Hand step points to the client in one go (and empty the list)."""
-        if points:
-            self.client.submit_points(points[:], now)
-            self.steps_sent += len(points)
-            points.clear()
+    def _send_rows(self, shape: StepShape | None, rows: list[tuple[int | float, ...]], now: float) -> None:
+        """Hand steps of one shape to the client and the report, in one go."""
+        if rows:
+            batch = StepRows(self._step_head, shape, rows)  # type: ignore[arg-type]
+            self.client.submit_rows(batch, now)
+            self.report.add_rows(batch)
+            self.steps_sent += len(rows)
 
     def emit(self, point: Point) -> None:
         """Send ``point`` (to the agent, or the file) and keep it for the report."""
