@@ -9,9 +9,11 @@ records to its fallback file). Two figures per case, each with its spread over r
   (``pthread_getcpuclockid``) over the repetitions, plus the ``finish()`` that sends or records
   what is left: all the work a step causes besides the training thread's.
 
-Noise: the bare and the instrumented loop run in one process, interleaved (their order alternates
-from one repetition to the next), so load on the machine hits both alike; every figure is a median
-over repetitions of 2,000 steps, printed with its range. Each step waits the same stand-in for GPU
+Noise: the bare and the instrumented loop run in one process, interleaved in blocks of
+:data:`BLOCK` steps (a bare block, an instrumented block, their order alternating), so that what
+drifts on this kind of machine (a VM: each 1 ms sleep alone costs the thread 17-24 µs of CPU,
+varying by a few µs from one second to the next) hits both alike; every figure is a median over
+repetitions of 1,500 steps, printed with its range. Each step waits the same stand-in for GPU
 work in both loops, a 1 ms sleep that releases the GIL as a wait on the GPU does, so the background
 thread works when it would in real training and competes for the GIL as it would; the wall-time
 difference shows what that competition costs. ``torch.cuda.synchronize`` is patched to count
@@ -42,6 +44,8 @@ from common import Table, scale
 from gpulse.training import Run
 
 WORK_S = 0.001  # per-step stand-in for waiting on the GPU (a fast step: real ones take 0.1-10 s)
+#: Steps per block of the bare and the instrumented loop (they alternate; see the module's docstring).
+BLOCK = 50
 
 
 class Spread(NamedTuple):
@@ -124,6 +128,24 @@ class _GcClock:
 GC = _GcClock()
 
 
+def _paired(run: Run, loader: list[int], bare_first: bool) -> tuple[int, int, int, int]:
+    """(instrumented wall, instrumented CPU, bare wall, bare CPU) in ns over ``loader``, run in
+    alternating blocks of :data:`BLOCK` steps."""
+    iw = ic = bw = bc = 0
+    for k, start in enumerate(range(0, len(loader), BLOCK)):
+        block = loader[start : start + BLOCK]
+        first_bare = bare_first == (k % 2 == 0)
+        if first_bare:
+            w, c = _timed(_loop_bare, block)
+            bw, bc = bw + w, bc + c
+        w, c = _timed(_loop_instrumented, run, block)
+        iw, ic = iw + w, ic + c
+        if not first_bare:
+            w, c = _timed(_loop_bare, block)
+            bw, bc = bw + w, bc + c
+    return iw, ic, bw, bc
+
+
 def _timed(loop: object, *args: object) -> tuple[int, int]:
     """(wall ns, training-thread CPU ns without garbage collection) of one loop."""
     w, c, g = time.perf_counter_ns(), time.thread_time_ns(), GC.of()
@@ -157,12 +179,7 @@ def overhead(socket_path: str, out: Path, steps: int, reps: int) -> Overhead:
     total_ns = 0
     for rep in range(reps + 1):
         b0 = clock.ns()
-        if rep % 2:  # alternate the order, so that neither loop always follows the other
-            iw, ic = _timed(_loop_instrumented, run, loader)
-            bw, bc = _timed(_loop_bare, loader)
-        else:
-            bw, bc = _timed(_loop_bare, loader)
-            iw, ic = _timed(_loop_instrumented, run, loader)
+        iw, ic, bw, bc = _paired(run, loader, bare_first=rep % 2 == 0)
         b1 = clock.ns()
         total_ns += b1 - b0
         if rep:  # the first repetition warms up
