@@ -128,3 +128,23 @@ def test_on_a_full_disk_the_recording_keeps_whole_lines_and_says_how_many(tmp_pa
     assert 0 < said["written"] < 60 and said["written"] + said["lost"] == 60  # one page held some lines
     assert said["ends_with_newline"] and said["bad"] == []
     assert said["steps"] == list(range(1, said["written"] + 1))
+
+
+def test_step_rows_whose_field_names_alone_fill_a_datagram_are_recorded_at_once_and_named(tmp_path: Path) -> None:
+    """Not sent (the agent would refuse the datagram as too large) and not lost: in the file, said once."""
+    from gpulse.training.client import Client  # the training side's sender of rows
+    from gpulse.training.errors import Guard
+
+    names = tuple(f"log_{i:04d}_" + "x" * 59 for i in range(1000))  # ~70 KB of names (64 characters after log_)
+    shape = protocol.FieldShape(names, "f" * len(names))
+    rows = protocol.StepRows(protocol.PointHead("train_step", TAGS), shape, [(*(0.5,) * len(names), T0)])
+    assert protocol.rows_per_datagram(rows.head, shape) == 0
+    guard = Guard()
+    client = Client(str(tmp_path / "agent.sock"), str(tmp_path / protocol.RECORD_FILE), guard=guard)
+    try:
+        client.submit_rows(rows)
+        assert (client.recorded, client.pending, guard.counts.get("oversize_message")) == (1, 0, 1)
+    finally:
+        client.close(wait=0)
+    (line,) = (tmp_path / protocol.RECORD_FILE).read_text().splitlines()
+    assert parse_line(line).fields == dict.fromkeys(names, 0.5)

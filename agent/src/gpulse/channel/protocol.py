@@ -219,14 +219,6 @@ class StepRows:
         seqs = [None] * len(self.rows) if seqs is None else seqs
         return [Point(head.measurement, r[-1], head.tags, shape.fields(r), q) for r, q in zip(self.rows, seqs, strict=True)]  # fmt: skip
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is StepRows and self._key() == other._key()
-
-    def _key(self) -> tuple[Any, ...]:
-        return self.head.measurement, dict(self.head.tags), self.shape.names, self.shape.kinds, self.rows
-
-    __hash__ = None  # type: ignore[assignment]
-
 
 def encode_rows(rows: StepRows, seq: int) -> bytes:
     """``rows`` as one rows datagram, the first numbered ``seq`` and the others after it; the caller
@@ -240,8 +232,8 @@ def rows_size(rows: StepRows) -> int:
 
 
 def rows_per_datagram(head: PointHead, shape: FieldShape, limit: int = MAX_DATAGRAM) -> int:
-    """How many rows of ``shape`` one datagram carries (at least one)."""
-    return max((limit - len(head.rows) - _INT_CHARS - len(shape.header)) // shape.row.size, 1)
+    """How many rows of ``shape`` one datagram carries: 0 when its header leaves no room for one."""
+    return max((limit - len(head.rows) - _INT_CHARS - len(shape.header)) // shape.row.size, 0)
 
 
 #: Longest text of an int64.

@@ -30,9 +30,6 @@ from typing import Any
 
 from gpulse import schema
 from gpulse.channel.protocol import (
-    KIND_FLOAT,
-    KIND_INT,
-    KIND_NS,
     KIND_POINT,
     KIND_REGISTER,
     KIND_ROWS,
@@ -44,10 +41,10 @@ from gpulse.channel.protocol import (
     REPLY_KINDS,
     ROWS_PREFIX,
     SEQUENCED_KINDS,
+    FieldShape,
     Register,
     StatusRequest,
     Unregister,
-    row_struct,
 )
 from gpulse.lineprotocol.encode import Series
 from gpulse.lineprotocol.parse import Point as LinePoint
@@ -60,7 +57,6 @@ _INT_TAGS = ("rank", "local_rank", "world_size")
 _TAG_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _DIGITS = re.compile(r"\d{1,9}")
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
-ROW_KINDS = frozenset((KIND_INT, KIND_FLOAT, KIND_NS))
 MAX_FIELDS = 256
 MAX_UUIDS = 64
 MAX_UUID_LEN = 128
@@ -177,8 +173,9 @@ def _json(data: bytes) -> Any:
 def unpack_rows(data: bytes) -> list[dict[str, Any]]:
     """A rows datagram (``protocol.encode_rows``) as the ``point`` messages its rows stand for: row
     ``i`` numbered ``seq + i``, each value named by the header's ``names``, a duration (kind ``n``)
-    in seconds, the timestamp the row's last value. The layout is derived here from ``kinds``
-    (``protocol.row_struct``); ``m``, ``tags`` and the values are checked like any point's."""
+    in seconds, the timestamp the row's last value. Names, kinds and layout are read by the client's
+    own :class:`~gpulse.channel.protocol.FieldShape` (the layout from ``kinds``, never from the
+    sender); ``m``, ``tags`` and the values are checked like any point's."""
     end = data.find(b"\n")
     if end < 0:
         raise Rejected("bad_rows", "no header")
@@ -198,25 +195,31 @@ def unpack_rows(data: bytes) -> list[dict[str, Any]]:
         and all(type(n) is str for n in names)
         and len(set(names)) == len(names)
         and type(kinds) is str
-        and len(kinds) == len(names)
-        and not set(kinds) - ROW_KINDS
     ):
         raise Rejected("bad_rows", "names and kinds", seq)
-    layout = row_struct(kinds)
+    try:
+        shape = FieldShape(tuple(names), kinds)  # the client's own reading of names and kinds
+    except ValueError:
+        raise Rejected("bad_rows", "names and kinds", seq) from None
+    layout = shape.row
     body = memoryview(data)[end + 1 :]
     if not body or len(body) % layout.size:
         raise Rejected("bad_rows", f"{len(body)} bytes of rows of {layout.size}", seq)
     if seq + len(body) // layout.size - 1 > _INT_MAX:
         raise Rejected("bad_seq", "the rows' numbers pass int64", seq)
-    ns = [i for i, k in enumerate(kinds) if k == KIND_NS]
     m, tags = header.get("m"), header.get("tags")
-    out = []
-    for i, row in enumerate(layout.iter_unpack(body)):
-        values = list(row)
-        for j in ns:
-            values[j] /= 1e9
-        out.append({"v": PROTOCOL_VERSION, "kind": KIND_POINT, "seq": seq + i, "m": m, "ts": row[-1], "tags": tags, "fields": dict(zip(names, values))})  # fmt: skip  # noqa: B905
-    return out
+    return [
+        {
+            "v": PROTOCOL_VERSION,
+            "kind": KIND_POINT,
+            "seq": seq + i,
+            "m": m,
+            "ts": row[-1],
+            "tags": tags,
+            "fields": shape.fields(row),
+        }
+        for i, row in enumerate(layout.iter_unpack(body))
+    ]
 
 
 def _is_version(v: Any) -> bool:
