@@ -40,7 +40,6 @@ PRIVATE_FILE_MODE = 0o600
 _LP_VALUE = {("i", KIND_INT): "%di", ("f", KIND_FLOAT): "%.17g", ("f", KIND_NS): "%de-9"}
 #: Shapes whose line template a recorder keeps.
 MAX_TEMPLATES = 1024
-_UNKNOWN = b""
 
 
 def open_private(path: str, flags: int) -> int:
@@ -108,16 +107,16 @@ class Recorder:
         """The lines of step rows: the encoder's own way for the first row of a shape (which teaches
         the encoder the shape's keys), then one ``%`` format per row (the module's docstring)."""
         key = (batch.head, batch.shape, host)
-        template = self._templates.get(key, _UNKNOWN)
         start = 0
-        if template is _UNKNOWN:
+        if key not in self._templates:
             first = self._line(batch[:1].points()[0], host)
             if first is not None:
                 lines.append(first)
             start = 1
             if len(self._templates) >= MAX_TEMPLATES:
                 self._templates.clear()
-            template = self._templates[key] = self._template(batch, host) if first is not None else None
+            self._templates[key] = self._template(batch, host) if first is not None else None
+        template = self._templates[key]
         if template is None:
             lines.extend(filter(None, (self._line(p, host) for p in batch[start:].points())))
         else:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from gpulse.training.gather import Gathered
 
 REPORT_FILE = "metrics_report.json"
+#: Step fields the run's totals add up (also over the steps thinned out of the report).
+_TOTALS = ("samples", "tokens")
 
 
 class ReportBuffer:
@@ -41,8 +43,7 @@ class ReportBuffer:
         self._stride = 1
         self._seen = 0
         #: samples and tokens of the steps thinned out (the run's end point carries every step's)
-        self._out_samples = 0
-        self._out_tokens = 0
+        self._out = dict.fromkeys(_TOTALS, 0)
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
@@ -66,27 +67,24 @@ class ReportBuffer:
 
     def _count(self, shape: FieldShape, rows: Sequence[tuple[int | float, ...]], sign: int) -> None:
         """Add (``sign`` 1) or take back (-1) the samples and tokens of ``rows`` to the thinned-out counts."""
-        for name in ("samples", "tokens"):
+        for name in _TOTALS:
             i = shape.pos.get(name)
             if i is not None:
-                n = sign * sum(r[i] for r in rows)
-                if name == "samples":
-                    self._out_samples += n
-                else:
-                    self._out_tokens += n
+                self._out[name] += sign * sum(r[i] for r in rows)
 
-    def _kept(self, name: str) -> int:
-        return sum(row[shape.pos[name]] for shape, row in self._steps if name in shape.pos)  # type: ignore[misc]
+    def _total(self, name: str) -> int:
+        """Every step's ``name`` (samples or tokens), thinned out or kept."""
+        return self._out[name] + sum(row[shape.pos[name]] for shape, row in self._steps if name in shape.pos)  # type: ignore[misc]
 
     @property
     def samples(self) -> int:
         """Every step's samples, thinned out or kept."""
-        return self._out_samples + self._kept("samples")
+        return self._total("samples")
 
     @property
     def tokens(self) -> int:
         """Every step's tokens, thinned out or kept."""
-        return self._out_tokens + self._kept("tokens")
+        return self._total("tokens")
 
     @property
     def steps(self) -> list[dict[str, Any]]:
