@@ -232,7 +232,7 @@ def run(table: Table) -> dict[str, float]:
         with listening_agent(tmp) as sock:
             listening = overhead(sock, Path(tmp) / "a", steps, reps)
         absent = overhead(os.path.join(tmp, "nobody", "agent.sock"), Path(tmp) / "b", steps, reps)
-        recorded = (Path(tmp) / "b" / "gpulse-records.lp").exists()
+        recorded = any((Path(tmp) / "b").glob("gpulse-records.*"))  # .lp before the rows lines, .rec since
 
     for name, o, note in (("listening", listening, ""), ("absent", absent, f"; fallback file written: {recorded}")):
         table.add(

@@ -193,9 +193,9 @@ def run_ddp(name: str, out: Path) -> dict[str, Any]:
 
     cfg = DDP_SCENARIOS[name]
     mp.spawn(ddp_rank, args=(str(out / "init"), str(out), cfg), nprocs=WORLD, join=True)
-    result = {"scenario": name, "truth": ddp_truth(out, cfg), **reports(out, out / "gpulse-records.lp")}
+    result = {"scenario": name, "truth": ddp_truth(out, cfg), **reports(out, recording_in(out))}
     if cfg.get("pairs"):
-        result["pairs"] = pairs(out, out / "gpulse-records.lp")
+        result["pairs"] = pairs(out, recording_in(out))
     return result
 
 
@@ -315,23 +315,30 @@ def run_torchrun(scenario: str, worker: str, out: Path) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"{scenario} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     truth = json.loads((out / "truth-0.json").read_text())
-    result = {"scenario": scenario, "truth": truth, **reports(out, out / "gpulse-records.lp")}
+    result = {"scenario": scenario, "truth": truth, **reports(out, recording_in(out))}
     if "step_loss" in truth:
-        loss = logged(out / "gpulse-records.lp", "log_loss", 0)
+        loss = logged(recording_in(out), "log_loss", 0)
         result["rank0"]["step_loss"] = [loss[k] for k in sorted(loss)]
     return result
 
 
 def logged(recording: Path, field: str, rank: int) -> dict[int, float]:
-    """A rank's ``field`` by step, from the recording (a minimal line-protocol reading, any gpulse version)."""
+    """A rank's ``field`` by step, from the recording, read by the gpulse version under test."""
+    try:
+        from gpulse.channel.recording import read_records as read  # since steps are kept as rows lines
+    except ImportError:
+        from gpulse.lineprotocol.parse import read_lines as read  # older versions: line protocol only
     by_step: dict[int, float] = {}
-    for line in recording.read_text().splitlines():
-        if not line.startswith("train_step,") or f",rank={rank}," not in line.split(" ", 1)[0] + ",":
-            continue
-        fields = dict(kv.split("=", 1) for kv in line.split(" ")[1].split(","))
-        if field in fields:
-            by_step[int(fields["step"].rstrip("i"))] = float(fields[field])
+    for _, _, p in read(recording):
+        if getattr(p, "measurement", None) == "train_step" and p.tags.get("rank") == str(rank) and field in p.fields:
+            by_step[p.fields["step"]] = p.fields[field]
     return by_step
+
+
+def recording_in(out: Path) -> Path:
+    """The run's recording file (``gpulse-records.lp`` in older versions, ``.rec`` since)."""
+    (path,) = out.glob("gpulse-records.*")
+    return path
 
 
 # -- what gpulse said ------------------------------------------------------------------------------------

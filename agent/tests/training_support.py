@@ -6,7 +6,8 @@ from pathlib import Path
 
 from support.waiting import eventually
 
-from gpulse.lineprotocol.parse import Point, parse_line, read_lines
+from gpulse.channel.recording import read_records
+from gpulse.lineprotocol.parse import Point, parse_line
 from gpulse.sources.training import TrainingReceiver
 
 
@@ -47,7 +48,7 @@ class Agent:
 def recorded(path: Path, measurement: str | None = None) -> list[Point]:
     """Points of a recording file (every line must parse)."""
     out = []
-    for lineno, _raw, p in read_lines(path):
+    for lineno, _raw, p in read_records(path):
         assert isinstance(p, Point), f"line {lineno}: {p}"
         if measurement is None or p.measurement == measurement:
             out.append(p)

@@ -1,6 +1,7 @@
-"""The fallback file: step points written from their shape's template read back as the encoder would
-have written them (gpulse's parser and a real InfluxDB 1.x agree), and a full disk never leaves half
-a line (a real 64 KiB tmpfs, ``support/tmpfs.py``)."""
+"""The fallback file: step rows are kept packed, and read back (by ``gpulse upload`` and ``gpulse
+report --from-file``) as the very lines the agent's encoder writes for them (gpulse's parser and a
+real InfluxDB 1.x agree); a damaged line is named and the rest still read; a full disk never leaves
+half a line (a real 64 KiB tmpfs, ``support/tmpfs.py``)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from support.influxd import InfluxDB1
 from support.tmpfs import on_tmpfs
 
 from gpulse.channel import protocol
-from gpulse.channel.recording import Recorder
+from gpulse.channel.recording import ROWS_MARK, ROWS_PER_LINE, Recorder, count_records, read_records
 from gpulse.lineprotocol.encode import Encoder
+from gpulse.lineprotocol.parse import LineError, parse_line
 from gpulse.lineprotocol.parse import Point as LinePoint
-from gpulse.lineprotocol.parse import parse_line
 
 TAGS = {"run": "rec-1", "rank": "0", "local_rank": "0", "world_size": "1"}
 NAMES = (
@@ -40,43 +41,70 @@ def steps(n: int) -> protocol.StepRows:
     return protocol.StepRows(head, SHAPE, rows)
 
 
-def test_step_rows_read_back_exactly_as_their_fields_and_as_the_encoder_would_write_them(tmp_path: Path) -> None:
-    rows = steps(50)
-    recorder = Recorder(str(tmp_path / protocol.RECORD_FILE))
-    assert recorder.write([rows[:1]], "node1") == 1  # the encoder's own way: it learns the shape
-    assert recorder.write([rows[1:]], "node1") == 49  # the template
+def record(path: Path, *batches: protocol.StepRows) -> None:
+    recorder = Recorder(str(path))
+    for batch in batches:
+        assert recorder.write([batch], "node1") == len(batch)
     recorder.close()
-    lines = (tmp_path / protocol.RECORD_FILE).read_text().splitlines()
-    assert "step_time_s=1007919e-9" in lines[1]  # a duration from its nanoseconds
+
+
+def test_step_rows_read_back_as_the_agent_s_encoder_writes_their_points(tmp_path: Path) -> None:
+    rows = steps(150)
+    path = tmp_path / protocol.RECORD_FILE
+    record(path, rows[:1], rows[1:])
+    lines = path.read_text().splitlines()
+    assert [line.split(" ")[:2] for line in lines] == [[ROWS_MARK.strip(), str(n)] for n in (1, ROWS_PER_LINE, ROWS_PER_LINE, 21)]  # fmt: skip
     encoder = Encoder()
     series = encoder.series("train_step", {**TAGS, "host": "node1"})
-    for line, point in zip(lines, rows.points(), strict=True):
-        parsed = parse_line(line)
-        assert parsed == parse_line(encoder.line(series, point.fields, point.ts).rstrip("\n"))
-        assert parsed == LinePoint("train_step", {**TAGS, "host": "node1"}, point.fields, point.ts)
+    read = list(read_records(path))
+    assert [lineno for lineno, _, _ in read] == [1] + [2] * 64 + [3] * 64 + [4] * 21
+    for (_, text, parsed), point in zip(read, rows.points(), strict=True):
+        assert text == encoder.line(series, point.fields, point.ts)  # the agent's very text, floats too
+        assert parsed == parse_line(text) == LinePoint("train_step", {**TAGS, "host": "node1"}, point.fields, point.ts)
+    assert count_records(path) == 150
+    assert path.stat().st_size < 0.6 * sum(len(t) for _, t, _ in read)  # packed: about half the text
 
 
-def test_rows_of_a_shape_the_encoder_does_not_keep_whole_are_written_the_encoder_s_way(tmp_path: Path) -> None:
-    """A name outside the schema has no template: every row goes through the encoder, which leaves it out."""
+def test_fields_outside_the_schema_are_left_out_when_read_as_the_agent_leaves_them_out(tmp_path: Path) -> None:
     shape = protocol.FieldShape(("step", "no_such_field"), "if")
     rows = protocol.StepRows(protocol.PointHead("train_step", TAGS), shape, [(i, 0.5, T0 + i) for i in range(3)])
-    recorder = Recorder(str(tmp_path / protocol.RECORD_FILE))
-    assert recorder.write([rows], "node1") == 3
-    recorder.close()
-    parsed = [parse_line(line) for line in (tmp_path / protocol.RECORD_FILE).read_text().splitlines()]
-    assert [(p.fields, p.ts) for p in parsed] == [({"step": i}, T0 + i) for i in range(3)]
+    record(tmp_path / protocol.RECORD_FILE, rows)
+    read = [p for _, _, p in read_records(tmp_path / protocol.RECORD_FILE)]
+    assert [(p.fields, p.ts) for p in read] == [({"step": i}, T0 + i) for i in range(3)]  # type: ignore[union-attr]
+
+
+def test_a_damaged_rows_line_is_named_by_its_number_and_every_other_line_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / protocol.RECORD_FILE
+    record(path, steps(3))
+    good = path.read_text()
+    count, b64 = good.rstrip("\n")[len(ROWS_MARK) :].split(" ", 1)
+    damaged = [
+        f"{ROWS_MARK}{count} {b64[:-7]}\n",  # base64 cut short: no base64
+        f"{ROWS_MARK}{count} {b64[:-8]}\n",  # base64 of rows cut short
+        f"{ROWS_MARK}4 {b64}\n",  # a count the rows do not have
+        f"{ROWS_MARK}1 {'A' * 40}\n",  # base64 of no rows datagram
+    ]
+    path.write_text(good + "".join(damaged) + good + good.rstrip("\n"))  # the last one torn: no newline
+    read = list(read_records(path))
+    errors = [(lineno, str(p)) for lineno, _, p in read if isinstance(p, LineError)]
+    assert [lineno for lineno, _ in errors] == [2, 3, 4, 5, 7]
+    assert "a damaged rows line" in errors[0][1]
+    assert "a rows line the agent would refuse (bad_rows" in errors[1][1]
+    assert "a damaged rows line (3 rows where the line says 4)" in errors[2][1]
+    assert "a rows line the agent would refuse" in errors[3][1]
+    assert "incomplete last line" in errors[4][1]
+    assert [(lineno, p.fields["step"]) for lineno, _, p in read if not isinstance(p, LineError)] == [
+        (1, 1), (1, 2), (1, 3), (6, 1), (6, 2), (6, 3),
+    ]  # fmt: skip
 
 
 @pytest.mark.influxdb
-def test_influxdb_stores_the_recorded_durations_as_the_very_floats_of_the_run(
+def test_influxdb_stores_the_recorded_steps_as_the_very_floats_of_the_run(
     influxdb: InfluxDB1, clean_env: dict[str, str], tmp_path: Path
 ) -> None:
     rows = steps(20)
     points = rows.points()
-    recorder = Recorder(str(tmp_path / protocol.RECORD_FILE))
-    recorder.write([rows[:1]], "node1")
-    recorder.write([rows[1:]], "node1")
-    recorder.close()
+    record(tmp_path / protocol.RECORD_FILE, rows[:1], rows[1:])
     up = subprocess.run(
         gpulse_cmd("upload", "--api", "v1", "--url", influxdb.url, "--bucket", "gpulse", str(tmp_path / protocol.RECORD_FILE)),
         env=clean_env, capture_output=True, text=True,
@@ -92,19 +120,19 @@ def test_influxdb_stores_the_recorded_durations_as_the_very_floats_of_the_run(
 FULL_DISK = """
 import json, os, sys
 sys.path[:0] = {path!r}
-from gpulse.channel.recording import PartialRecording, Recorder
-from gpulse.lineprotocol.parse import Point, read_lines
+from gpulse.channel.recording import PartialRecording, Recorder, read_records
+from gpulse.lineprotocol.parse import Point
 from support.tmpfs import fill
 from test_recording import steps
 disk = sys.argv[1]
-fill(disk)  # one page left
-record = os.path.join(disk, "gpulse-records.lp")
+fill(disk, leave=32768)  # room for a few lines of 64 steps, not for all
+record = os.path.join(disk, "gpulse-records.rec")
 said = {{}}
 try:
-    Recorder(record).write([steps(60)], "node1")
+    Recorder(record).write([steps(600)], "node1")
 except PartialRecording as e:
     said = {{"error": e.strerror, "written": e.written, "lost": e.lost}}
-read = list(read_lines(record))
+read = list(read_records(record))
 said.update(
     ends_with_newline=open(record, "rb").read().endswith(b"\\n"),
     bad=[str(p) for _, _, p in read if not isinstance(p, Point)],
@@ -125,17 +153,27 @@ def test_on_a_full_disk_the_recording_keeps_whole_lines_and_says_how_many(tmp_pa
     assert out.returncode == 0, out.stderr
     said = json.loads(out.stdout)  # the file lives on the tmpfs, gone with the child: it looked for us
     assert said["error"] == "No space left on device"
-    assert 0 < said["written"] < 60 and said["written"] + said["lost"] == 60  # one page held some lines
+    assert 0 < said["written"] < 600 and said["written"] + said["lost"] == 600  # some lines fitted
+    assert said["written"] % ROWS_PER_LINE == 0  # whole lines of rows
     assert said["ends_with_newline"] and said["bad"] == []
     assert said["steps"] == list(range(1, said["written"] + 1))
 
 
-def test_step_rows_whose_field_names_alone_fill_a_datagram_are_recorded_at_once_and_named(tmp_path: Path) -> None:
-    """Not sent (the agent would refuse the datagram as too large) and not lost: in the file, said once."""
+@pytest.mark.parametrize(
+    "names",
+    [
+        tuple(f"log_{i:04d}" for i in range(protocol.MAX_FIELDS + 1)),  # one field more than a point may have
+        tuple(f"log_{i:04d}_" + "x" * 59 for i in range(1000)),  # and ~70 KB of names, longer than a datagram
+    ],
+    ids=["fields-over-a-point", "names-over-a-datagram"],
+)
+def test_steps_the_agent_would_refuse_for_their_size_are_recorded_at_once_and_named(
+    tmp_path: Path, names: tuple[str, ...]
+) -> None:
+    """Not sent (the agent would refuse the datagram) and not lost: in the file, as line protocol, said once."""
     from gpulse.training.client import Client  # the training side's sender of rows
     from gpulse.training.errors import Guard
 
-    names = tuple(f"log_{i:04d}_" + "x" * 59 for i in range(1000))  # ~70 KB of names (64 characters after log_)
     shape = protocol.FieldShape(names, "f" * len(names))
     rows = protocol.StepRows(protocol.PointHead("train_step", TAGS), shape, [(*(0.5,) * len(names), T0)])
     assert protocol.rows_per_datagram(rows.head, shape) == 0

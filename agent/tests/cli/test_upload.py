@@ -54,7 +54,7 @@ def upload(influxdb, clean_env, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_uploading_the_same_file_twice_creates_no_duplicates(tmp_path: Path, influxdb_module, clean_env):
-    f = tmp_path / "gpulse-records.lp"
+    f = tmp_path / "gpulse-records.rec"
     f.write_text(recording(250))
     for _ in range(2):
         res = upload(influxdb_module, clean_env, str(f))

@@ -22,8 +22,8 @@ from support.tmpfs import on_tmpfs
 from support.waiting import wait_until
 
 from gpulse.channel.protocol import RECORD_FILE
+from gpulse.channel.recording import read_records
 from gpulse.cli.commands.status import query_status
-from gpulse.lineprotocol.parse import read_lines
 from gpulse.training import Run
 
 pytestmark = [pytest.mark.influxdb, pytest.mark.slow]
@@ -68,7 +68,7 @@ def test_a_full_disk_under_a_training_run_with_the_database_down_loses_no_step_a
     in_db = steps_in(influxdb, run.run_id)
     recorded = out / RECORD_FILE
     assert recorded.exists(), "the client recorded nothing: every step was acknowledged although the disk was full"
-    in_file = [int(p.fields["step"]) for _, _, p in read_lines(recorded) if p.measurement == "train_step"]
+    in_file = [int(p.fields["step"]) for _, _, p in read_records(recorded) if p.measurement == "train_step"]
     assert in_file
     assert set(in_db) | set(in_file) == set(range(1, STEPS + 1))  # every step somewhere
     assert agent.summary()["lines_dropped"] == 0  # the agent lost nothing: what the disk refused waited in memory

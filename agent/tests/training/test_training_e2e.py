@@ -26,7 +26,7 @@ from support.waiting import wait_until
 
 from gpulse.channel import protocol
 from gpulse.channel.protocol import RECORD_FILE
-from gpulse.lineprotocol.parse import read_lines
+from gpulse.channel.recording import read_records
 from gpulse.training import Run
 
 #: The agent's default host tag; the client's recording file uses the same (socket.gethostname()), so
@@ -308,7 +308,7 @@ def test_killing_the_agent_mid_run_loses_no_step_once_the_recording_is_uploaded(
     run.finish()  # must not raise; the agent is gone
     in_db = step_counts(influxdb_module, run.run_id).get("0", 0)
     record = tmp_path / "out" / RECORD_FILE
-    recorded = [p for _, _, p in read_lines(record) if getattr(p, "measurement", None) == "train_step"]
+    recorded = [p for _, _, p in read_records(record) if getattr(p, "measurement", None) == "train_step"]
     assert 0 < in_db < n and recorded
     assert in_db + len(recorded) >= n  # every step is somewhere
     upload = gpulse_cmd("upload", "--url", influxdb_module.url, "--api", "v1", "--bucket", "gpulse", str(record))

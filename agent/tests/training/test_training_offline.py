@@ -60,7 +60,7 @@ for i in range(60):
     run.log(loss=1.0 / (i + 1))
 run.finish()
 from gpulse.lineprotocol.parse import Point, read_lines
-record = os.path.join(disk, "out", "gpulse-records.lp")
+record = os.path.join(disk, "out", "gpulse-records.rec")
 read = list(read_lines(record))
 print(json.dumps({
     "stats": run.stats(),

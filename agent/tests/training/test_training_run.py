@@ -15,7 +15,7 @@ import pytest
 import torch
 from training_support import Agent, recorded, wait_for
 
-from gpulse.channel.protocol import MAX_OPEN_FIELDS_PER_RUN, RECORD_FILE
+from gpulse.channel.protocol import MAX_FIELDS, MAX_OPEN_FIELDS_PER_RUN, RECORD_FILE
 from gpulse.training import Run
 
 STEPS = 6
@@ -329,6 +329,22 @@ def test_the_recording_and_the_report_are_private_files(agent: Agent, tmp_path: 
     assert stat.S_IMODE((out / "metrics_report.json").stat().st_mode) == 0o600
     assert len(recorded(out / RECORD_FILE, "train_step")) == 2
     assert [p.name for p in out.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_step_with_more_scalars_than_the_agent_takes_in_a_point_is_recorded_not_lost(
+    agent: Agent, tmp_path: Path
+) -> None:
+    """The agent refuses a point of more than ``MAX_FIELDS`` fields; such a step goes to the file, said once."""
+    run = Run(name="wide", output_dir=tmp_path / "out", socket_path=agent.path, write_report=False)
+    for step in range(3):
+        with run.step():
+            pass
+        run.log(**({f"grad_norm_layer{i}": 1.0 for i in range(MAX_FIELDS)} if step == 1 else {}), loss=0.5)
+    run.finish()
+    assert sorted(p.fields["step"] for p in agent.points("train_step")) == [1, 3]
+    (wide,) = recorded(tmp_path / "out" / RECORD_FILE, "train_step")
+    assert wide.fields["step"] == 2 and len([k for k in wide.fields if k.startswith("log_")]) == MAX_FIELDS + 1
+    assert run.stats()["errors"]["oversize_message"] == 1
 
 
 def test_a_run_logging_thousands_of_distinct_scalars_is_told_and_kept_within_the_limit(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from training_support import recorded
 
 from gpulse.channel.protocol import RECORD_FILE
 
@@ -142,8 +143,7 @@ def test_a_run_never_sends_to_a_socket_directory_another_user_created(users, use
     stats = json.loads(trained.stdout)
     assert stats["sent"] == stats["acked"] == 0 and stats["steps_sent"] == 300
     record = user_dir / RECORD_FILE
-    steps = [line for line in record.read_text().splitlines() if line.startswith("train_step,")]
-    assert len(steps) == 300 and "secret-run" in record.read_text()
+    assert len(recorded(record, "train_step")) == 300 and "secret-run" in record.read_text()
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
     assert stat.S_IMODE((user_dir / "metrics_report.json").stat().st_mode) == 0o600
     said = [line for line in trained.stderr.splitlines() if "untrusted_socket" in line]
@@ -249,5 +249,4 @@ def test_a_socket_the_user_may_not_reach_is_named_at_once_not_as_a_missing_ackno
     assert len(said) == 1 and f"cannot reach the agent at {path}: Permission denied" in said[0], trained.stderr
     assert "no acknowledgement" not in trained.stderr
     assert f"(cannot reach the agent at {path}: Permission denied)" in trained.stderr  # the summary at the end
-    steps = [line for line in (user_dir / RECORD_FILE).read_text().splitlines() if line.startswith("train_step,")]
-    assert len(steps) == 5
+    assert len(recorded(user_dir / RECORD_FILE, "train_step")) == 5

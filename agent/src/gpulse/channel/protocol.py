@@ -28,6 +28,8 @@ from typing import Any
 PROTOCOL_VERSION = 1
 #: Largest datagram either side sends (the client packs batches under it; the agent rejects more).
 MAX_DATAGRAM = 60 * 1024
+#: Fields of one point the agent accepts at most (more: the message is refused, ``bad_fields`` or ``bad_rows``).
+MAX_FIELDS = 256
 
 KIND_POINT = "point"
 KIND_REGISTER = "register"
@@ -51,8 +53,8 @@ REPLY_KINDS = (KIND_ACK, KIND_STATUS_REPLY)
 MAX_OPEN_FIELDS_PER_RUN = 1024
 
 #: File, in a run's output directory, where a client records the points no agent acknowledged
-#: (line protocol, :mod:`gpulse.channel.recording`; ``gpulse upload`` sends it later).
-RECORD_FILE = "gpulse-records.lp"
+#: (line protocol and packed step rows, :mod:`gpulse.channel.recording`; ``gpulse upload`` sends it later).
+RECORD_FILE = "gpulse-records.rec"
 
 #: Environment variable that points the client at the agent's socket.
 SOCKET_ENV = "GPULSE_SOCKET"
@@ -198,7 +200,7 @@ class StepRows:
 
     On the wire they are one rows datagram (:func:`encode_rows`), without a name per value and
     without formatting a number; the report reads their fields only at ``finish()``, and the
-    recording file formats them as line protocol with one template per shape."""
+    recording file keeps them packed too (:mod:`gpulse.channel.recording`)."""
 
     __slots__ = ("head", "rows", "shape")
 
@@ -232,7 +234,10 @@ def rows_size(rows: StepRows) -> int:
 
 
 def rows_per_datagram(head: PointHead, shape: FieldShape, limit: int = MAX_DATAGRAM) -> int:
-    """How many rows of ``shape`` one datagram carries: 0 when its header leaves no room for one."""
+    """How many rows of ``shape`` one datagram carries: 0 when its header leaves no room for one, or
+    when a row has more fields than the agent takes in one point (:data:`MAX_FIELDS`)."""
+    if len(shape.names) > MAX_FIELDS:
+        return 0
     return max((limit - len(head.rows) - _INT_CHARS - len(shape.header)) // shape.row.size, 0)
 
 

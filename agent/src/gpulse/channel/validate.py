@@ -36,6 +36,7 @@ from gpulse.channel.protocol import (
     KIND_STATUS,
     KIND_UNREGISTER,
     MAX_DATAGRAM,
+    MAX_FIELDS,
     MAX_OPEN_FIELDS_PER_RUN,
     PROTOCOL_VERSION,
     REPLY_KINDS,
@@ -57,7 +58,6 @@ _INT_TAGS = ("rank", "local_rank", "world_size")
 _TAG_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _DIGITS = re.compile(r"\d{1,9}")
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
-MAX_FIELDS = 256
 MAX_UUIDS = 64
 MAX_UUID_LEN = 128
 #: Accepted point timestamps: at most this far in the past / future of the agent's clock.

@@ -1,7 +1,8 @@
 """Line-protocol parser: the exact inverse of :mod:`gpulse.lineprotocol.encode`.
 
 ``gpulse upload`` and ``gpulse report --from-file`` read recording files (the agent's ``--record``
-file, a training run's fallback ``gpulse-records.lp``) with it, so a bad line is found and named
+file, a training run's fallback ``gpulse-records.rec``, whose step lines
+:mod:`gpulse.channel.recording` expands) with it, so a bad line is found and named
 by its line number before anything is sent. It follows InfluxDB's own parser where the encoder
 can produce something: ``\\,`` ``\\=`` ``\\ `` escapes in keys and tag values (any other backslash
 is literal), ``\\,`` ``\\ `` in measurements, ``\\"`` ``\\\\`` in string fields, ``i``-suffixed
@@ -12,7 +13,7 @@ integers are refused: InfluxDB 1.x rejects them, and the encoder never writes th
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,12 +159,18 @@ def parse_line(line: str) -> Point:
     return Point(measurement, tags, fields, ts)
 
 
-def read_lines(path: str | Path) -> Iterator[tuple[int, str, Point | LineError]]:
+def read_lines(
+    path: str | Path, expand: Mapping[str, Callable[[str], Iterable[tuple[str, Point | LineError]]]] | None = None
+) -> Iterator[tuple[int, str, Point | LineError]]:
     """Every non-blank, non-comment line of a file as ``(line number, raw line, Point or LineError)``.
 
     Lines are decoded one by one, so a damaged line (bad UTF-8, a torn write) is reported alone and
-    every other line is still read.
+    every other line is still read. A whole line that starts with a key of ``expand`` is not line
+    protocol: that key's function makes it ``(raw line, Point or LineError)`` pairs, all yielded
+    with its line number (a training run's recording keeps its steps in such lines,
+    :func:`gpulse.channel.recording.read_records`).
     """
+    marks = tuple(expand or ())
     with open(path, "rb") as f:
         for lineno, data in enumerate(f, 1):
             try:
@@ -178,6 +185,11 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str, Point | LineError]]
                 # Writers end every line with a newline: a last line without one is a torn write,
                 # and its timestamp may be cut short, so it is not trusted.
                 yield lineno, raw, LineError("incomplete last line (no newline): the writer was interrupted")
+                continue
+            if marks and stripped.startswith(marks):
+                assert expand is not None
+                for text, p in expand[next(m for m in marks if stripped.startswith(m))](stripped):
+                    yield lineno, text, p
                 continue
             try:
                 yield lineno, raw, parse_line(stripped)

@@ -416,7 +416,7 @@ self-contained `metrics_report.html` (inline SVG plots; opens without a server).
 
 ```
 gpulse report --run exp1 --url http://127.0.0.1:8086 --api v1 --bucket gpulse --html --out reports/
-gpulse report --from-file out/gpulse-records.lp --threshold data_loading_ratio=0.25
+gpulse report --from-file out/gpulse-records.rec --threshold data_loading_ratio=0.25
 ```
 
 A recording without a training run (`gpulse agent --record node.lp`) gives a **node report**

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpulse.channel.recording import read_records
 from gpulse.influx.query import InfluxQL, quote_ident, quote_string
-from gpulse.lineprotocol.parse import LineError, read_lines
+from gpulse.lineprotocol.parse import LineError
 from gpulse.report.model import step_end_ns, step_start_ns
 
 Row = dict[str, Any]
@@ -111,7 +112,7 @@ def read_points(paths: Iterable[str | Path]) -> tuple[dict[str, list[Row]], list
     order: dict[tuple[Any, ...], str] = {}
     bad: list[tuple[str, int, str]] = []
     for path in paths:
-        for lineno, _raw, p in read_lines(path):
+        for lineno, _raw, p in read_records(path):
             if isinstance(p, LineError):
                 bad.append((str(path), lineno, str(p)))
                 continue

@@ -165,8 +165,12 @@ class Client:
         self._seq += len(rows.rows)
         t = time.monotonic() if now is None else now
         chunk = _Chunk(rows, range(first, self._seq + 1), t, protocol.rows_size(rows))
-        if not protocol.rows_per_datagram(rows.head, rows.shape):  # field names alone fill a datagram
-            self.guard.report("oversize_message", detail=f"{len(rows)} step point(s) over a datagram; recorded to file")
+        if not protocol.rows_per_datagram(rows.head, rows.shape):  # too many fields, or their names fill a datagram
+            self.guard.report(
+                "oversize_message",
+                detail=f"{len(rows)} step point(s) with more fields, or longer names, than the agent takes in one "
+                "datagram; recorded to file",
+            )
             self._record([chunk])
             return
         self._queue(chunk)

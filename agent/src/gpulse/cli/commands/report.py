@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--from-file",
         metavar="FILE",
         action="append",
-        help="read a recording (agent --record file or a run's gpulse-records.lp) instead of InfluxDB; repeatable",
+        help="read a recording (agent --record file or a run's gpulse-records.rec) instead of InfluxDB; repeatable",
     )
     parser.add_argument("--out", metavar="DIR", default=".", help="directory for metrics_report.json/.html (default .)")
     parser.add_argument("--html", action="store_true", help="also write the self-contained HTML report")

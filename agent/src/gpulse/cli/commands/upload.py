@@ -1,7 +1,8 @@
-"""``gpulse upload FILE...``: push a recording (a run's ``gpulse-records.lp`` or an agent ``--record`` file).
+"""``gpulse upload FILE...``: push a recording (a run's ``gpulse-records.rec`` or an agent ``--record`` file).
 
-Every line is parsed and checked against the schema before it is sent; a bad line is named by
-file and line number and skipped, never sent. The good lines go through the agent's own sink and
+Every point is parsed and checked against the schema before it is sent (a run's packed step lines
+are first written as the agent's encoder writes them, :func:`gpulse.channel.recording.read_records`);
+a bad line is named by file and line number and skipped, never sent. The good lines go through the agent's own sink and
 retry policy (:func:`gpulse.delivery.oneshot.deliver_batches`). Points carry their timestamps, so uploading a
 file twice (or a file whose points the agent already wrote) overwrites instead of duplicating.
 
@@ -30,7 +31,9 @@ MAX_REPORTED = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="line-protocol recording(s) to push")
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE", help="recording(s) to push: line protocol, or a run's gpulse-records.rec"
+    )
     parser.add_argument("--dry-run", action="store_true", help="only check the files; send nothing")
     parser.add_argument(
         "--deadline",
@@ -56,12 +59,13 @@ class _Checked:
         self.times: list[int] = []  # oldest and newest timestamp of the valid lines (gpulse recompute advice)
 
     def __iter__(self) -> Iterator[str]:
+        from gpulse.channel.recording import read_records
         from gpulse.channel.validate import check_line_point
-        from gpulse.lineprotocol.parse import LineError, read_lines
+        from gpulse.lineprotocol.parse import LineError
 
         self.valid, self.bad = 0, []
         for path in self.files:
-            for lineno, raw, p in read_lines(path):
+            for lineno, raw, p in read_records(path):
                 if self.stop:
                     return
                 why = str(p) if isinstance(p, LineError) else check_line_point(p)
@@ -75,14 +79,10 @@ class _Checked:
 
 
 def count_lines(files: list[str]) -> int:
-    """The lines :func:`gpulse.lineprotocol.parse.read_lines` will yield (not blank, not a comment), quickly."""
-    n = 0
-    for path in files:
-        with open(path, "rb") as f:
-            for data in f:
-                stripped = data.strip()
-                n += bool(stripped) and not stripped.startswith(b"#")
-    return n
+    """The points :func:`gpulse.channel.recording.read_records` will yield, quickly."""
+    from gpulse.channel.recording import count_records
+
+    return sum(count_records(path) for path in files)
 
 
 def _report_bad(bad: list[tuple[str, int, str]]) -> None:
