@@ -323,13 +323,20 @@ def run_torchrun(scenario: str, worker: str, out: Path) -> dict[str, Any]:
 
 
 def logged(recording: Path, field: str, rank: int) -> dict[int, float]:
-    """A rank's ``field`` by step, from the recording, read by the gpulse version under test."""
-    try:
-        from gpulse.channel.recording import read_records as read  # since steps are kept as rows lines
-    except ImportError:
-        from gpulse.lineprotocol.parse import read_lines as read  # older versions: line protocol only
+    """A rank's ``field`` by step, from the recording: read by the gpulse version under test where it
+    has a reader of its recording (steps kept as rows lines), else as plain line protocol (older ones)."""
     by_step: dict[int, float] = {}
-    for _, _, p in read(recording):
+    try:
+        from gpulse.channel.recording import read_records
+    except ImportError:
+        for line in recording.read_text().splitlines():  # a minimal line-protocol reading
+            if not line.startswith("train_step,") or f",rank={rank}," not in line.split(" ", 1)[0] + ",":
+                continue
+            fields = dict(kv.split("=", 1) for kv in line.split(" ")[1].split(","))
+            if field in fields:
+                by_step[int(fields["step"].rstrip("i"))] = float(fields[field])
+        return by_step
+    for _, _, p in read_records(recording):
         if getattr(p, "measurement", None) == "train_step" and p.tags.get("rank") == str(rank) and field in p.fields:
             by_step[p.fields["step"]] = p.fields[field]
     return by_step

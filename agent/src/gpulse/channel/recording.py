@@ -132,7 +132,7 @@ class Recorder:
             head = self._heads[key] = PointHead(batch.head.measurement, {**batch.head.tags, "host": host})
         shape, rows = batch.shape, batch.rows
         per = min(ROWS_PER_LINE, rows_per_datagram(head, shape))
-        if not per:  # its names alone fill a datagram: as line protocol
+        if not per:  # more fields than a point may have, or names that fill a datagram: as line protocol
             for p in batch.points():
                 self._line(p, host, lines, counts)
             return
