@@ -186,3 +186,20 @@ def test_steps_the_agent_would_refuse_for_their_size_are_recorded_at_once_and_na
         client.close(wait=0)
     (line,) = (tmp_path / protocol.RECORD_FILE).read_text().splitlines()
     assert parse_line(line).fields == dict.fromkeys(names, 0.5)
+
+
+def test_a_point_with_more_fields_than_the_agent_takes_is_recorded_at_once_and_named(tmp_path: Path) -> None:
+    """The same for a point sent on its own, not as rows: the agent would refuse it (``bad_fields``)."""
+    from gpulse.training.client import Client
+    from gpulse.training.errors import Guard
+
+    fields = {f"log_{i:04d}": 0.5 for i in range(protocol.MAX_FIELDS + 1)}
+    guard = Guard()
+    client = Client(str(tmp_path / "agent.sock"), str(tmp_path / protocol.RECORD_FILE), guard=guard)
+    try:
+        client.submit(protocol.Point("train_step", T0, TAGS, fields))
+        assert (client.recorded, client.pending, guard.counts.get("oversize_message")) == (1, 0, 1)
+    finally:
+        client.close(wait=0)
+    (line,) = (tmp_path / protocol.RECORD_FILE).read_text().splitlines()
+    assert parse_line(line).fields == fields

@@ -150,8 +150,9 @@ class Client:
             self.dropped += 1
             return
         chunk = _Chunk([msg], range(msg.seq, msg.seq + 1), time.monotonic() if now is None else now, len(data), [data])
-        if len(data) > protocol.MAX_DATAGRAM:
-            self.guard.report("oversize_message", detail=f"{len(data)} bytes; recorded to file")
+        fields = len(msg.fields) if type(msg) is protocol.Point else 0  # the agent refuses > MAX_FIELDS
+        if len(data) > protocol.MAX_DATAGRAM or fields > protocol.MAX_FIELDS:
+            self.guard.report("oversize_message", detail=f"{len(data)} bytes, {fields} fields; recorded to file")
             self._record([chunk])
             return
         self._queue(chunk)
