@@ -10,13 +10,13 @@ It is a file of lines. A point is a line of line protocol, the agent's encoder's
 (:mod:`gpulse.lineprotocol.encode`). Step rows (:class:`~gpulse.channel.protocol.StepRows`),
 nearly all of a run's points, are kept as the rows datagrams the agent would have received: a line
 ``@gpulse-rows <count> <base64>`` holds up to :data:`ROWS_PER_LINE` of them, packed, no number
-formatted. Why: line protocol costs ~1 µs a step to format (three floats in 17 digits), which a
-run without an agent paid on its own background thread; packing costs ~0.1 µs. The formatting is
+formatted. Why: line protocol costs ~1 µs a step to format (three floats in 17 digits; hot), which
+a run without an agent paid on its own background thread; packing costs ~0.1 µs (hot). The formatting is
 done by whoever reads the file (:func:`read_records`: ``gpulse upload``, ``gpulse report
 --from-file``), with the agent's own reading of a rows datagram
 (:func:`gpulse.channel.validate.unpack_rows`) and the agent's encoder, so a recorded step becomes
-the very line the agent would have written (the same text, not only the same value). A step whose
-field names alone would not fit a datagram is written as line protocol. An ``@gpulse-rows`` line is
+the very line the agent would have written (the same text, not only the same value). A step with
+more fields than a point may have, or names that alone fill a datagram, is written as line protocol. An ``@gpulse-rows`` line is
 not line protocol: InfluxDB's own tools reject it (loudly, never skipping it as a comment).
 
 An append never leaves half a line: ranks that share the file take a lock around their append, and
@@ -188,7 +188,7 @@ def read_records(path: str | Path) -> Iterator[tuple[int, str, LinePoint | LineE
     share its number, each with the line the agent's encoder writes for it. A damaged line is
     reported alone (:func:`gpulse.lineprotocol.parse.read_lines`)."""
     encoder = Encoder()
-    return read_lines(path, {ROWS_MARK: lambda line: _expand_rows(line, encoder)})
+    return read_lines(path, (ROWS_MARK, lambda line: _expand_rows(line, encoder)))
 
 
 def _expand_rows(line: str, encoder: Encoder) -> Iterator[tuple[str, LinePoint | LineError]]:

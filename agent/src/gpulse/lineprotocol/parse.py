@@ -13,7 +13,7 @@ integers are refused: InfluxDB 1.x rejects them, and the encoder never writes th
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,18 +159,22 @@ def parse_line(line: str) -> Point:
     return Point(measurement, tags, fields, ts)
 
 
+#: Makes one line that is not line protocol into ``(raw line, Point or LineError)`` pairs.
+Expander = Callable[[str], Iterable[tuple[str, "Point | LineError"]]]
+
+
 def read_lines(
-    path: str | Path, expand: Mapping[str, Callable[[str], Iterable[tuple[str, Point | LineError]]]] | None = None
+    path: str | Path, expand: tuple[str, Expander] | None = None
 ) -> Iterator[tuple[int, str, Point | LineError]]:
     """Every non-blank, non-comment line of a file as ``(line number, raw line, Point or LineError)``.
 
     Lines are decoded one by one, so a damaged line (bad UTF-8, a torn write) is reported alone and
-    every other line is still read. A whole line that starts with a key of ``expand`` is not line
-    protocol: that key's function makes it ``(raw line, Point or LineError)`` pairs, all yielded
-    with its line number (a training run's recording keeps its steps in such lines,
+    every other line is still read. With ``expand`` (a mark, a function), a whole line that starts
+    with the mark is not line protocol: the function makes it pairs, all yielded with its line
+    number (a training run's recording keeps its steps in such lines,
     :func:`gpulse.channel.recording.read_records`).
     """
-    marks = tuple(expand or ())
+    mark, expander = expand or (None, None)
     with open(path, "rb") as f:
         for lineno, data in enumerate(f, 1):
             try:
@@ -186,9 +190,8 @@ def read_lines(
                 # and its timestamp may be cut short, so it is not trusted.
                 yield lineno, raw, LineError("incomplete last line (no newline): the writer was interrupted")
                 continue
-            if marks and stripped.startswith(marks):
-                assert expand is not None
-                for text, p in expand[next(m for m in marks if stripped.startswith(m))](stripped):
+            if mark is not None and expander is not None and stripped.startswith(mark):
+                for text, p in expander(stripped):
                     yield lineno, text, p
                 continue
             try:

@@ -45,7 +45,7 @@ class _Chunk:
     one datagram (in flight). Per chunk, not per message, so that a step costs no object of its own.
 
     ``msgs`` are either other messages (``Point``, ``Register``...) with their JSON in ``data``, or
-    one :class:`~gpulse.protocol.StepRows` (``data`` ``None``: rows are packed when sent). What waits
+    one :class:`~gpulse.channel.protocol.StepRows` (``data`` ``None``: rows are packed when sent). What waits
     too long is recorded to the file from ``msgs``. ``size`` is what the chunk counts against
     ``max_unacked_bytes``."""
 
@@ -152,10 +152,9 @@ class Client:
         chunk = _Chunk([msg], range(msg.seq, msg.seq + 1), time.monotonic() if now is None else now, len(data), [data])
         fields = len(msg.fields) if type(msg) is protocol.Point else 0  # the agent refuses > MAX_FIELDS
         if len(data) > protocol.MAX_DATAGRAM or fields > protocol.MAX_FIELDS:
-            self.guard.report("oversize_message", detail=f"{len(data)} bytes, {fields} fields; recorded to file")
-            self._record([chunk])
-            return
-        self._queue(chunk)
+            self._record_oversize(chunk, f"{len(data)} bytes, {fields} fields")
+        else:
+            self._queue(chunk)
 
     def submit_rows(self, rows: protocol.StepRows, now: float | None = None) -> None:
         """Queue step rows, numbered here in order (their chunk keeps the numbers). Nothing is encoded
@@ -167,14 +166,16 @@ class Client:
         t = time.monotonic() if now is None else now
         chunk = _Chunk(rows, range(first, self._seq + 1), t, protocol.rows_size(rows))
         if not protocol.rows_per_datagram(rows.head, rows.shape):  # too many fields, or their names fill a datagram
-            self.guard.report(
-                "oversize_message",
-                detail=f"{len(rows)} step point(s) with more fields, or longer names, than the agent takes in one "
-                "datagram; recorded to file",
-            )
-            self._record([chunk])
-            return
-        self._queue(chunk)
+            self._record_oversize(chunk, f"{len(rows)} step point(s) of {len(rows.shape.names)} fields")
+        else:
+            self._queue(chunk)
+
+    def _record_oversize(self, chunk: _Chunk, what: str) -> None:
+        """Record what the agent would refuse for its size (``protocol.MAX_DATAGRAM``, ``MAX_FIELDS``), and say so."""
+        self.guard.report(
+            "oversize_message", detail=f"{what}: more than the agent takes in one message; recorded to file"
+        )
+        self._record([chunk])
 
     def _queue(self, chunk: _Chunk) -> None:
         self._unsent.append(chunk)
