@@ -1,7 +1,8 @@
-"""The fallback file: step rows are kept packed, and read back (by ``gpulse upload`` and ``gpulse
-report --from-file``) as the very lines the agent's encoder writes for them (gpulse's parser and a
-real InfluxDB 1.x agree); a damaged line is named and the rest still read; a full disk never leaves
-half a line (a real 64 KiB tmpfs, ``support/tmpfs.py``)."""
+"""The fallback file: step rows are kept packed and other points as their channel messages, and read
+back (by ``gpulse upload`` and ``gpulse report --from-file``) as the very lines the agent's encoder
+writes for them (gpulse's parser and a real InfluxDB 1.x agree); a damaged line is named and the
+rest still read; a full disk never leaves half a line (a real 64 KiB tmpfs, ``support/tmpfs.py``);
+writing imports no line-protocol code (a run without an agent paid ~20 ms of GIL for it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from support.influxd import InfluxDB1
 from support.tmpfs import on_tmpfs
 
 from gpulse.channel import protocol
-from gpulse.channel.recording import ROWS_MARK, ROWS_PER_LINE, Recorder, count_records, read_records
+from gpulse.channel.recording import POINT_MARK, ROWS_MARK, ROWS_PER_LINE, Recorder, count_records, read_records
 from gpulse.lineprotocol.encode import Encoder
 from gpulse.lineprotocol.parse import LineError, parse_line
 from gpulse.lineprotocol.parse import Point as LinePoint
@@ -98,6 +99,63 @@ def test_a_damaged_rows_line_is_named_by_its_number_and_every_other_line_is_stil
     ]  # fmt: skip
 
 
+def test_points_that_are_not_steps_read_back_as_the_agent_s_encoder_writes_them(tmp_path: Path) -> None:
+    """The run's start and end and its events: one line each, the channel message, in the order given."""
+    path = tmp_path / protocol.RECORD_FILE
+    start = protocol.Point(
+        "train_run", T0, TAGS, {"event": "start", "status": "running", "name": 'a "b"\nc ü', "pid": 7}
+    )
+    mark = protocol.Point("train_event", T0 + 5, TAGS, {"kind": "eval", "text": "line one\nline two", "step": 3})
+    rows = steps(2)
+    recorder = Recorder(str(path))
+    assert recorder.write([start, rows, mark], "node1") == 4
+    recorder.close()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == [POINT_MARK.strip(), ROWS_MARK.strip(), POINT_MARK.strip()]
+    encoder = Encoder()
+    read = list(read_records(path))
+    assert [lineno for lineno, _, _ in read] == [1, 2, 2, 3]
+    for (_, text, parsed), point in zip(read, [start, *rows.points(), mark], strict=True):
+        tags = {**TAGS, "host": "node1"}
+        assert text == encoder.line(encoder.series(point.measurement, tags), point.fields, point.ts)
+        assert parsed == LinePoint(point.measurement, tags, parsed.fields, point.ts)  # type: ignore[union-attr]
+    # the file kept one line a point; newlines become spaces as the agent's encoder writes them
+    assert read[0][2].fields["name"] == 'a "b" c ü' and read[3][2].fields["text"] == "line one line two"  # type: ignore[union-attr]
+    assert count_records(path) == 4
+
+
+def test_a_damaged_point_line_is_named_by_its_number(tmp_path: Path) -> None:
+    path = tmp_path / protocol.RECORD_FILE
+    recorder = Recorder(str(path))
+    recorder.write([protocol.Point("train_event", T0, TAGS, {"kind": "eval", "text": "", "step": 1})], "node1")
+    recorder.close()
+    good = path.read_text()
+    path.write_text(good + good[:-12] + "\n" + POINT_MARK + "[1, 2]\n" + "@gpulse-later 1 AAAA\n" + good)
+    read = list(read_records(path))
+    errors = [(lineno, str(p)) for lineno, _, p in read if isinstance(p, LineError)]
+    assert [lineno for lineno, _ in errors] == [2, 3, 4]
+    assert "a point line the agent would refuse (bad_json" in errors[0][1]  # cut short: not JSON
+    assert "a damaged point line" in errors[1][1]  # JSON, not a message
+    assert "a damaged later line (not a kind of line this version writes)" in errors[2][1]
+    assert [lineno for lineno, _, p in read if not isinstance(p, LineError)] == [1, 5]
+
+
+def test_writing_a_recording_imports_no_line_protocol_code() -> None:
+    """Importing it cost ~20 ms of CPU, on the run's background thread with the GIL held: the training
+    loop stood still that long at a run's first recording. Only reading the file needs the encoder."""
+    code = (
+        "import sys, tempfile, os\n"
+        "from gpulse.channel import protocol\n"
+        "from gpulse.channel.recording import Recorder\n"
+        "r = Recorder(os.path.join(tempfile.mkdtemp(), 'x.rec'))\n"
+        "r.write([protocol.Point('train_run', 1, {'run': 'a'}, {'event': 'start'})], 'node1')\n"
+        "r.close()\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('gpulse.lineprotocol', 'gpulse.schema', 'gpulse.channel.validate'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.mark.influxdb
 def test_influxdb_stores_the_recorded_steps_as_the_very_floats_of_the_run(
     influxdb: InfluxDB1, clean_env: dict[str, str], tmp_path: Path
@@ -170,7 +228,7 @@ def test_on_a_full_disk_the_recording_keeps_whole_lines_and_says_how_many(tmp_pa
 def test_steps_the_agent_would_refuse_for_their_size_are_recorded_at_once_and_named(
     tmp_path: Path, names: tuple[str, ...]
 ) -> None:
-    """Not sent (the agent would refuse the datagram) and not lost: in the file, as line protocol, said once."""
+    """Not sent (the agent would refuse the datagram) and not lost: in the file, a point line, said once."""
     from gpulse.training.client import Client  # the training side's sender of rows
     from gpulse.training.errors import Guard
 
@@ -185,7 +243,9 @@ def test_steps_the_agent_would_refuse_for_their_size_are_recorded_at_once_and_na
     finally:
         client.close(wait=0)
     (line,) = (tmp_path / protocol.RECORD_FILE).read_text().splitlines()
-    assert parse_line(line).fields == dict.fromkeys(names, 0.5)
+    assert line.startswith(POINT_MARK)
+    ((_, _, point),) = read_records(tmp_path / protocol.RECORD_FILE)
+    assert point.fields == dict.fromkeys(names, 0.5)  # type: ignore[union-attr]
 
 
 def test_a_point_with_more_fields_than_the_agent_takes_is_recorded_at_once_and_named(tmp_path: Path) -> None:
@@ -201,5 +261,5 @@ def test_a_point_with_more_fields_than_the_agent_takes_is_recorded_at_once_and_n
         assert (client.recorded, client.pending, guard.counts.get("oversize_message")) == (1, 0, 1)
     finally:
         client.close(wait=0)
-    (line,) = (tmp_path / protocol.RECORD_FILE).read_text().splitlines()
-    assert parse_line(line).fields == fields
+    ((_, _, point),) = read_records(tmp_path / protocol.RECORD_FILE)
+    assert point.fields == fields  # type: ignore[union-attr]

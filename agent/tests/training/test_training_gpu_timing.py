@@ -232,3 +232,32 @@ def test_a_run_created_after_cuda_was_initialised_times_the_gpu_from_the_first_s
     step = min(recorded(tmp_path / RECORD_FILE, "train_step"), key=lambda p: p.fields["step"])
     assert step.fields["forward_gpu_s"] > 0 and step.fields["log_loss"] == 1.5 and "mem_peak_bytes" in step.fields
     assert recorded(tmp_path / RECORD_FILE, "train_run")[-1].fields["gpus"] == f"GPU-{UUID}"
+
+
+def test_phases_timed_before_cuda_was_initialised_time_the_gpu_once_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual order: the first steps run before the script's torch initialised CUDA (phases made
+    on the CPU path), and detection (every 16 steps) finds it later: the same phases then record events."""
+    gpu = FakeGPU()
+    run = Run(name="late", output_dir=tmp_path, socket_path=str(tmp_path / "none.sock"), write_report=False)
+    for _ in range(3):
+        one_step_cpu(run)
+    monkeypatch.setitem(sys.modules, "torch", make_fake_torch(gpu))  # CUDA initialised now
+    for _ in range(16):
+        one_step_cpu(run)
+    assert gpu.recorded > 0  # found at the next check, and the phases made before record events
+    gpu.finish_all()
+    run.finish()
+    steps = sorted(recorded(tmp_path / RECORD_FILE, "train_step"), key=lambda p: p.fields["step"])
+    assert len(steps) == 19
+    assert not any("forward_gpu_s" in p.fields for p in steps[:3])
+    assert all(p.fields["forward_gpu_s"] >= 0 and "backward_gpu_s" in p.fields for p in steps[-3:])
+    assert (gpu.early_reads, gpu.syncs) == (0, 0)
+
+
+def one_step_cpu(run: Run) -> None:
+    with run.step(samples=4):
+        for name in ("forward", "backward", "optimizer"):
+            with run.phase(name):
+                pass

@@ -59,9 +59,10 @@ for i in range(60):
         pass
     run.log(loss=1.0 / (i + 1))
 run.finish()
-from gpulse.lineprotocol.parse import Point, read_lines
+from gpulse.channel.recording import read_records
+from gpulse.lineprotocol.parse import Point
 record = os.path.join(disk, "out", "gpulse-records.rec")
-read = list(read_lines(record))
+read = list(read_records(record))
 print(json.dumps({
     "stats": run.stats(),
     "files": sorted(os.listdir(os.path.join(disk, "out"))),

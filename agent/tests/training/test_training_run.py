@@ -357,3 +357,31 @@ def test_a_run_logging_thousands_of_distinct_scalars_is_told_and_kept_within_the
     names = {k for p in recorded(tmp_path / RECORD_FILE, "train_step") for k in p.fields if k.startswith("log_")}
     assert len(names) == MAX_OPEN_FIELDS_PER_RUN and "log_loss" in names
     assert run.stats()["errors"]["too_many_open_fields"] == 3 * 400 + 1 - MAX_OPEN_FIELDS_PER_RUN  # one per value
+
+
+def test_communication_or_memory_given_by_hand_is_in_the_steps_after_it(tmp_path: Path) -> None:
+    """A plain step checks one flag for what integrations add; ``add_comm`` sets it, and so does an
+    allocator probe (each in a run of its own: the flag, once set, stays)."""
+
+    class Probe:
+        def read(self) -> tuple[int, int, int, int]:
+            return (1000, 2000, 4096, 0)
+
+    def fields(out: Path, name: str) -> list[object]:
+        steps = sorted(recorded(out / RECORD_FILE, "train_step"), key=lambda p: p.fields["step"])
+        return [p.fields.get(name) for p in steps]
+
+    for out, by_hand in ((tmp_path / "comm", "comm"), (tmp_path / "memory", "memory")):
+        run = Run(output_dir=out, socket_path=str(tmp_path / "none.sock"), write_report=False)
+        with run.step():
+            pass
+        with run.step():
+            if by_hand == "comm":
+                run.add_comm(2_000_000)
+            else:
+                run.steps.memory = Probe()
+        with run.step():
+            pass
+        run.finish()
+    assert fields(tmp_path / "comm", "comm_s") == [None, 0.002, 0.0]  # measured from then on: 0 is a value
+    assert fields(tmp_path / "memory", "mem_reserved_bytes") == [None, 2000, 2000]

@@ -6,25 +6,29 @@ time, a socket it does not trust, a full buffer) appends them here, tagged with 
 would have written (a point uploaded twice overwrites itself). The file is the user's run data:
 it is created 0600, like the agent's own files.
 
-It is a file of lines. A point is a line of line protocol, the agent's encoder's
-(:mod:`gpulse.lineprotocol.encode`). Step rows (:class:`~gpulse.channel.protocol.StepRows`),
-nearly all of a run's points, are kept as the rows datagrams the agent would have received: a line
-``@gpulse-rows <count> <base64>`` holds up to :data:`ROWS_PER_LINE` of them, packed, no number
-formatted. Why: line protocol costs ~1 µs a step to format (three floats in 17 digits; hot), which
-a run without an agent paid on its own background thread; packing costs ~0.1 µs (hot). The formatting is
-done by whoever reads the file (:func:`read_records`: ``gpulse upload``, ``gpulse report
---from-file``), with the agent's own reading of a rows datagram
-(:func:`gpulse.channel.validate.unpack_rows`) and the agent's encoder, so a recorded step becomes
-the very line the agent would have written (the same text, not only the same value). A step with
-more fields than a point may have, or names that alone fill a datagram, is written as line protocol. An ``@gpulse-rows`` line is
-not line protocol: InfluxDB's own tools reject it (loudly, never skipping it as a comment).
+It is a file of lines, each a message the agent would have received, so that writing it formats
+nothing. Step rows (:class:`~gpulse.channel.protocol.StepRows`), nearly all of a run's points, are
+kept as rows datagrams: a line ``@gpulse-rows <count> <base64>`` holds up to
+:data:`ROWS_PER_LINE` of them, packed, no number formatted. Any other point (the run's start and
+end, events) is a line ``@gpulse-point <json>``, its channel message. Why: line protocol costs ~1 µs
+a step to format (three floats in 17 digits; hot), which a run without an agent paid on its own
+background thread, where packing costs ~0.1 µs (hot); and the line-protocol encoder's modules cost
+~20 ms of CPU to import, which the first recording paid on that thread while holding the GIL, so
+the training loop stood still for as long. The formatting is done by whoever reads the file
+(:func:`read_records`: ``gpulse upload``, ``gpulse report --from-file``), with the agent's own
+reading of a datagram (:mod:`gpulse.channel.validate`) and the agent's encoder, so a recorded point
+becomes the very line the agent would have written (the same text, not only the same value). Steps
+with more fields than a point may have, or names that alone fill a datagram, are written as
+``@gpulse-point`` lines, one a step. These lines are not line protocol: InfluxDB's own tools reject
+them (loudly, never skipping them as comments). Plain line-protocol lines (an agent's ``--record``
+file, a recording of an older version) are read as they are.
 
 An append never leaves half a line: ranks that share the file take a lock around their append, and
 when the disk fills up the part of the last line that was written is cut away again
 (:class:`PartialRecording` says how many whole points made it).
 
-Imported only when something must be recorded or read: the line-protocol encoder is not needed on
-the happy path, and ``import gpulse.training`` stays cheap.
+Imported only when something must be recorded or read (``import gpulse.training`` stays cheap); writing
+imports nothing beyond the channel's protocol, reading imports the agent's reader and encoder.
 """
 
 from __future__ import annotations
@@ -34,30 +38,36 @@ import fcntl
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpulse.channel.protocol import RECORD_FILE, Point, PointHead, StepRows, encode_rows, rows_per_datagram
-from gpulse.lineprotocol.encode import Encoder
-from gpulse.lineprotocol.parse import LineError, parse_line, read_lines
+from gpulse.channel.protocol import RECORD_FILE, Point, PointHead, StepRows, encode, encode_rows, rows_per_datagram
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from gpulse.lineprotocol.encode import Encoder
+    from gpulse.lineprotocol.parse import LineError
     from gpulse.lineprotocol.parse import Point as LinePoint
 
 __all__ = [
-    "PRIVATE_FILE_MODE", "RECORD_FILE", "ROWS_MARK", "PartialRecording", "Recorder", "count_records", "open_private",
-    "read_records",
+    "MARK", "POINT_MARK", "PRIVATE_FILE_MODE", "RECORD_FILE", "ROWS_MARK", "PartialRecording", "Recorder", "count_records",
+    "open_private", "read_records",
 ]  # fmt: skip
 #: Mode of files holding a run's data (the recording, ``metrics_report.json``): the user's only.
 PRIVATE_FILE_MODE = 0o600
+#: How a line that is not line protocol starts: a channel message (the module's docstring).
+MARK = "@gpulse-"
 #: How a line of step rows starts (then the number of rows, a space, the rows datagram in base64).
-ROWS_MARK = "@gpulse-rows "
+ROWS_MARK = MARK + "rows "
+#: How a line of one point starts (then its channel message, JSON).
+POINT_MARK = MARK + "point "
 #: Step rows per ``@gpulse-rows`` line at most: its header is then a few percent of the line, and a
 #: nearly full disk still takes some lines.
 ROWS_PER_LINE = 64
 #: Series heads (with the ``host`` tag) a recorder keeps.
 MAX_HEADS = 1024
-_MARK = ROWS_MARK.encode()
+_ROWS = ROWS_MARK.encode()
+_POINT = POINT_MARK.encode()
 
 
 def open_private(path: str, flags: int) -> int:
@@ -88,7 +98,6 @@ class Recorder:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._encoder = Encoder()
         self._fd: int | None = None
         #: (series head, host) -> the head with the ``host`` tag, as the rows lines carry it
         self._heads: dict[tuple[PointHead, str], PointHead] = {}
@@ -116,11 +125,12 @@ class Recorder:
         return sum(counts)
 
     def _line(self, p: Point, host: str, lines: list[bytes], counts: list[int]) -> None:
-        enc = self._encoder
-        line = enc.line(enc.series(p.measurement, {**p.tags, "host": host}), p.fields, p.ts)
-        if line is not None:
-            lines.append(line.encode())
-            counts.append(1)
+        try:
+            data = encode(Point(p.measurement, p.ts, {**p.tags, "host": host}, p.fields))  # a file has no seq
+        except ValueError:  # NaN or infinity, which the agent refuses too (the client drops such points first)
+            return
+        lines.append(b"%s%s\n" % (_POINT, data))  # JSON escapes newlines: one line
+        counts.append(1)
 
     def _rows(self, batch: StepRows, host: str, lines: list[bytes], counts: list[int]) -> None:
         """``@gpulse-rows`` lines of :data:`ROWS_PER_LINE` rows (the module's docstring)."""
@@ -132,14 +142,14 @@ class Recorder:
             head = self._heads[key] = PointHead(batch.head.measurement, {**batch.head.tags, "host": host})
         shape, rows = batch.shape, batch.rows
         per = min(ROWS_PER_LINE, rows_per_datagram(head, shape))
-        if not per:  # more fields than a point may have, or names that fill a datagram: as line protocol
+        if not per:  # more fields than a point may have, or names that fill a datagram: a point a line
             for p in batch.points():
                 self._line(p, host, lines, counts)
             return
         for i in range(0, len(rows), per):
             part = rows[i : i + per]
             data = encode_rows(StepRows(head, shape, part), 0)  # a file has no seq: 0
-            lines.append(b"%s%d %s" % (_MARK, len(part), binascii.b2a_base64(data)))  # b2a ends it in a newline
+            lines.append(b"%s%d %s" % (_ROWS, len(part), binascii.b2a_base64(data)))  # b2a ends it in a newline
             counts.append(len(part))
 
     def _append(self, lines: list[bytes], counts: list[int]) -> None:
@@ -187,30 +197,41 @@ def read_records(path: str | Path) -> Iterator[tuple[int, str, LinePoint | LineE
     protocol) as ``(line number, its line protocol, Point or LineError)``: the points of a rows line
     share its number, each with the line the agent's encoder writes for it. A damaged line is
     reported alone (:func:`gpulse.lineprotocol.parse.read_lines`)."""
+    from gpulse.lineprotocol.encode import Encoder
+    from gpulse.lineprotocol.parse import read_lines
+
     encoder = Encoder()
-    return read_lines(path, (ROWS_MARK, lambda line: _expand_rows(line, encoder)))
+    return read_lines(path, (MARK, lambda line: _expand(line, encoder)))
 
 
-def _expand_rows(line: str, encoder: Encoder) -> Iterator[tuple[str, LinePoint | LineError]]:
-    """The points of one ``@gpulse-rows`` line, read as the agent reads a rows datagram."""
-    from gpulse.channel.validate import Rejected, unpack_rows  # the agent's reader: only when reading
+def _expand(line: str, encoder: Encoder) -> Iterator[tuple[str, LinePoint | LineError]]:
+    """The points of one ``@gpulse-`` line, read as the agent reads a datagram: a rows line's rows, or
+    a point line's point."""
+    from gpulse.channel.validate import Rejected, decode_json, unpack_rows  # the agent's reader: only when reading
+    from gpulse.lineprotocol.parse import LineError, parse_line
 
     shown = line[:80]
+    kind = line[len(MARK) :].split(" ", 1)[0]
     try:
-        count, b64 = line[len(ROWS_MARK) :].split(" ", 1)
-        messages = unpack_rows(binascii.a2b_base64(b64, strict_mode=True))
-        if len(messages) != int(count):
-            raise ValueError(f"{len(messages)} rows where the line says {count}")
+        if line.startswith(ROWS_MARK):
+            count, b64 = line[len(ROWS_MARK) :].split(" ", 1)
+            messages = unpack_rows(binascii.a2b_base64(b64, strict_mode=True))
+            if len(messages) != int(count):
+                raise ValueError(f"{len(messages)} rows where the line says {count}")
+        elif line.startswith(POINT_MARK):
+            messages = [decode_json(line[len(POINT_MARK) :].encode())]  # no datagram limit: a wide step is one line
+        else:
+            raise ValueError("not a kind of line this version writes")
         texts = []
         for msg in messages:
             text = encoder.line(encoder.series(msg["m"], msg["tags"]), msg["fields"], msg["ts"])
             if text is not None:
                 texts.append(text)
     except Rejected as exc:
-        yield shown, LineError(f"a rows line the agent would refuse ({exc})")
+        yield shown, LineError(f"a {kind} line the agent would refuse ({exc})")
         return
-    except (ValueError, TypeError, AttributeError, binascii.Error) as exc:  # base64, count, a header's m or tags
-        yield shown, LineError(f"a damaged rows line ({exc})")
+    except (ValueError, TypeError, AttributeError, KeyError, binascii.Error) as exc:  # base64, count, m, tags...
+        yield shown, LineError(f"a damaged {kind} line ({exc})")
         return
     for text in texts:
         try:
@@ -226,8 +247,8 @@ def count_records(path: str | Path) -> int:
     with open(path, "rb") as f:
         for data in f:
             stripped = data.strip()
-            if stripped.startswith(_MARK):
-                count = stripped[len(_MARK) :].split(b" ", 1)[0]
+            if stripped.startswith(_ROWS):
+                count = stripped[len(_ROWS) :].split(b" ", 1)[0]
                 n += int(count) if count.isdigit() else 1
             else:
                 n += bool(stripped) and not stripped.startswith(b"#")

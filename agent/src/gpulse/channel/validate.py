@@ -146,7 +146,7 @@ def unpack(data: bytes) -> list[Any]:
         raise Rejected("too_large", f"{len(data)} bytes > {MAX_DATAGRAM}")
     if data[:1] == ROWS_PREFIX:
         return unpack_rows(data)
-    obj = _json(data)
+    obj = decode_json(data)
     if isinstance(obj, dict) and "batch" in obj:
         if not _is_version(obj.get("v")):
             raise Rejected("bad_version", repr(obj.get("v"))[:40])
@@ -157,7 +157,8 @@ def unpack(data: bytes) -> list[Any]:
     return [obj]
 
 
-def _json(data: bytes) -> Any:
+def decode_json(data: bytes) -> Any:
+    """A datagram's JSON (UTF-8; NaN and infinities refused); raises :class:`Rejected`."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -179,7 +180,7 @@ def unpack_rows(data: bytes) -> list[dict[str, Any]]:
     end = data.find(b"\n")
     if end < 0:
         raise Rejected("bad_rows", "no header")
-    header = _json(data[1:end])
+    header = decode_json(data[1:end])
     if not isinstance(header, dict):
         raise Rejected("not_object", type(header).__name__)
     if not _is_version(header.get("v")):

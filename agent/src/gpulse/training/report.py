@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from gpulse.channel.protocol import FieldShape, StepRows
@@ -42,49 +43,38 @@ class ReportBuffer:
         self._tags: Mapping[str, str] = {}
         self._stride = 1
         self._seen = 0
-        #: samples and tokens of the steps thinned out (the run's end point carries every step's)
-        self._out = dict.fromkeys(_TOTALS, 0)
+        #: samples and tokens of every step so far, kept or thinned out (the run's end point carries them),
+        #: added up as rows come: a slice's in C, rather than all kept steps' in Python at ``finish()``
+        self._totals = dict.fromkeys(_TOTALS, 0)
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
         (self.runs if measurement == "train_run" else self.events).append({**tags, **fields, "time": ts})
 
     def add_rows(self, batch: StepRows) -> None:
-        """Keep every ``stride``-th step of ``batch``; count the samples and tokens of the others."""
+        """Keep every ``stride``-th step of ``batch``; add the samples and tokens of all of them."""
         self._tags = batch.head.tags
         rows, shape = batch.rows, batch.shape
-        kept = rows[(-self._seen) % self._stride :: self._stride] if self._stride > 1 else rows
-        self._seen += len(rows)
-        if len(kept) < len(rows):
-            self._count(shape, rows, 1)
-            self._count(shape, kept, -1)
-        self._steps += zip(repeat(shape), kept)
-        while len(self._steps) >= self.max_steps:
-            for out_shape, row in self._steps[1::2]:
-                self._count(out_shape, (row,), 1)
-            self._steps = self._steps[::2]
-            self._stride *= 2
-
-    def _count(self, shape: FieldShape, rows: Sequence[tuple[int | float, ...]], sign: int) -> None:
-        """Add (``sign`` 1) or take back (-1) the samples and tokens of ``rows`` to the thinned-out counts."""
         for name in _TOTALS:
             i = shape.pos.get(name)
             if i is not None:
-                self._out[name] += sign * sum(r[i] for r in rows)
-
-    def _total(self, name: str) -> int:
-        """Every step's ``name`` (samples or tokens), thinned out or kept."""
-        return self._out[name] + sum(row[shape.pos[name]] for shape, row in self._steps if name in shape.pos)  # type: ignore[misc]
+                self._totals[name] += sum(map(itemgetter(i), rows))
+        kept = rows[(-self._seen) % self._stride :: self._stride] if self._stride > 1 else rows
+        self._seen += len(rows)
+        self._steps += zip(repeat(shape), kept)
+        while len(self._steps) >= self.max_steps:
+            self._steps = self._steps[::2]
+            self._stride *= 2
 
     @property
     def samples(self) -> int:
         """Every step's samples, thinned out or kept."""
-        return self._total("samples")
+        return self._totals["samples"]
 
     @property
     def tokens(self) -> int:
         """Every step's tokens, thinned out or kept."""
-        return self._total("tokens")
+        return self._totals["tokens"]
 
     @property
     def steps(self) -> list[dict[str, Any]]:

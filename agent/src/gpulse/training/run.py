@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from gpulse.channel.protocol import Point
 from gpulse.training.errors import LOGGER_NAME, Guard
 from gpulse.training.mfu import Mfu
-from gpulse.training.step import MAX_QUEUE, StepContext, StepRecorder, TimedLoader
+from gpulse.training.step import MAX_QUEUE, StepRecorder, TimedLoader
 
 if TYPE_CHECKING:
     from gpulse.training.worker import Worker
@@ -72,7 +72,7 @@ class Run:
         max_queue: int = MAX_QUEUE,
         max_unacked: int = 10_000,
         max_unacked_bytes: int = 8 << 20,
-        tick_s: float = 0.5,
+        tick_s: float = 1.0,
     ) -> None:
         self.guard = Guard()
         self._pid = os.getpid()
@@ -83,7 +83,7 @@ class Run:
         self.steps = StepRecorder(self.guard, max_queue)
         self.steps.cuda.gpu_timing = gpu_timing
         self.steps.cuda.track_memory = track_memory
-        self._step_ctx = StepContext(self.steps, self._step_failed)
+        self.steps.on_error = self._step_failed
         # run.phase(name) is called for every phase of every step: the table's own lookup (C, no frame)
         # stands in for the method below, whose docstring it keeps
         self.phase = self.steps.phases.__getitem__  # type: ignore[method-assign]
@@ -183,13 +183,13 @@ class Run:
         return self._exchange
 
     # -- the hot path -----------------------------------------------------------------------------
-    def step(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> StepContext:
+    def step(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> StepRecorder:
         """Context manager around one optimizer step; ``step`` defaults to the previous step + 1."""
-        ctx = self._step_ctx
-        ctx.samples = samples
-        ctx.tokens = tokens
-        ctx.step = step
-        return ctx
+        steps = self.steps
+        steps.step_samples = samples
+        steps.step_tokens = tokens
+        steps.step_number = step
+        return steps
 
     def phase(self, name: str) -> Any:
         """Context manager timing a phase of the current step (forward, backward, optimizer or custom)."""
@@ -206,7 +206,11 @@ class Run:
         CPU tensors are converted on the background thread, one-element CUDA tensors are copied
         asynchronously and read once the copy has completed.
         """
-        self.steps.logs.update(scalars)
+        steps = self.steps
+        if steps.logs:
+            steps.logs.update(scalars)
+        else:  # the step's first log: its own dict becomes the step's (nothing copied)
+            steps.logs = scalars
 
     # -- for integrations that cannot use ``with`` --------------------------------------------------
     def begin_step(self, idle_since_ns: int = 0) -> None:

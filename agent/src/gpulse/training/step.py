@@ -72,7 +72,11 @@ QueueItem = StepRecord | Point
 
 
 class Phase:
-    """A reusable context manager for one phase name (no allocation per use but the time entry)."""
+    """A reusable context manager for one phase name (no allocation per use but the time entry).
+
+    This class times on the CPU only: two timestamps per use, nothing else checked. Once the run
+    uses CUDA, every phase becomes a :class:`GpuPhase` (``StepRecorder._use_cuda`` swaps the class),
+    which also records events; so a run on the CPU never pays for looking for them."""
 
     __slots__ = ("ev0", "name", "steps", "t0")
 
@@ -81,6 +85,23 @@ class Phase:
         self.name = name
         self.t0 = 0
         self.ev0: Any = None
+
+    def __enter__(self) -> Phase:
+        if self.steps.in_step:
+            self.t0 = perf_counter_ns()
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        t0 = self.t0
+        if t0:
+            self.steps.phase_times.append((self.name, perf_counter_ns() - t0))
+            self.t0 = 0
+
+
+class GpuPhase(Phase):
+    """A phase of a run that uses CUDA: also a pair of pooled events around it (GPU time)."""
+
+    __slots__ = ()
 
     def __enter__(self) -> Phase:
         steps = self.steps
@@ -101,30 +122,6 @@ class Phase:
                 steps.end_gpu_phase(self.name, start)
 
 
-class StepContext:
-    """The reusable context manager ``run.step()`` returns; ``on_error(exc_type, exc)`` hears of a step that raised."""
-
-    __slots__ = ("on_error", "samples", "step", "steps", "tokens")
-
-    def __init__(self, steps: StepRecorder, on_error: Callable[[type, BaseException | None], None]) -> None:
-        self.steps = steps
-        self.on_error = on_error
-        self.samples: int | None = None
-        self.tokens: int | None = None
-        self.step: int | None = None
-
-    def __enter__(self) -> StepContext:
-        self.steps.begin()
-        return self
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        if et is None:
-            self.steps.end(self.samples, self.tokens, self.step)
-        else:
-            self.steps.abort()
-            self.on_error(et, ev)
-
-
 class TimedLoader:
     """``run.wrap_loader(loader)``: iterates the loader, adding each ``next()`` wait to the step."""
 
@@ -139,6 +136,7 @@ class TimedLoader:
         steps = self.steps
         it = iter(self.loader)
         clock = perf_counter_ns
+        steps.wait_known = True  # never reset: from now on every step has its data wait
         while True:
             t0 = clock()
             try:
@@ -146,7 +144,6 @@ class TimedLoader:
             except StopIteration:
                 return
             steps.wait_ns += clock() - t0
-            steps.wait_known = True
             yield batch
 
 
@@ -161,13 +158,16 @@ class PhaseTable(dict[str, Phase]):
         self.steps = steps
 
     def __missing__(self, name: str) -> Phase:
-        ph = self[name] = Phase(self.steps, phase_name(name))
+        ph = self[name] = (Phase if self.steps.timer is None else GpuPhase)(self.steps, phase_name(name))
         return ph
 
 
 class StepRecorder:
     """The state of the step in progress, on the training thread; finished steps go to ``queue``.
 
+    It is also the context manager ``run.step()`` returns, so that ``with`` runs one frame to begin a
+    step (:meth:`__enter__`) and one to end it (:meth:`__exit__`): per step, each frame costs the
+    loop ~0.1 µs cold. ``begin()`` / ``end()`` do the same for integrations that cannot use ``with``.
     Never raises into the loop: what fails is counted by ``guard`` and switched off."""
 
     def __init__(self, guard: Guard, max_queue: int = MAX_QUEUE) -> None:
@@ -185,24 +185,56 @@ class StepRecorder:
         self.comm_known = False
         self.inflight_ns = 0
         self.inflight_known = False
+        #: what ``run.log()`` gave since the last hand-over (the first call's own dict)
         self.logs: dict[str, Any] = {}
         self.last: StepRecord | None = None
+        #: the counts of the step being run, as ``run.step()`` or ``end()`` gave them
+        self.step_samples: int | None = None
+        self.step_tokens: int | None = None
+        self.step_number: int | None = None
+        #: hears of a step that raised: ``on_error(exc_type, exc)``
+        self.on_error: Callable[[type, BaseException | None], None] | None = None
         self.phase_times: list[tuple[str, int]] = []
         self.phases = PhaseTable(self)
         self.open_phase: Phase | None = None
         self.pairs: list[GpuPair] | None = None
         self.step_end_hooks: list[Callable[[], None]] = []
+        #: whether steps have more than times, counts and logs: set for good once an integration or
+        #: CUDA adds to them (hooks, ``enter_phase``, communication, memory, GPU events), so that a
+        #: plain step checks one flag for all of it (:meth:`_closing`, :meth:`_add_extras`)
+        self.extras = False
         self.cuda = CudaDevice(guard)
         #: the CUDA event pool and allocator probe, once CUDA is in use (copied from ``cuda`` for speed)
         self.timer: Any = None
-        self.memory: Any = None
+        self._memory: Any = None
         self._next_cuda_check = 0
+
+    @property
+    def memory(self) -> Any:
+        """The allocator probe read at every step's end, or ``None``."""
+        return self._memory
+
+    @memory.setter
+    def memory(self, probe: Any) -> None:
+        self._memory = probe
+        if probe is not None:
+            self.extras = True  # read by _add_extras, which plain steps skip
 
     # -- steps ------------------------------------------------------------------------------------
     def begin(self, idle_since_ns: int = 0) -> None:
         """Start a step; ``idle_since_ns`` (``perf_counter_ns``) starts the data wait before it."""
         if idle_since_ns:
             self.add_data_wait(perf_counter_ns() - idle_since_ns)
+        self.__enter__()
+
+    def end(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> None:
+        """End the step; ``step`` defaults to the previous step + 1."""
+        self.step_samples = samples
+        self.step_tokens = tokens
+        self.step_number = step
+        self.__exit__(None, None, None)
+
+    def __enter__(self) -> StepRecorder:
         if self.last is not None:
             self.hand_over()
         if self.step_no >= self._next_cuda_check:
@@ -211,21 +243,25 @@ class StepRecorder:
             self.pairs = []
         self.in_step = True
         self.t0 = perf_counter_ns()
+        return self
 
-    def end(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> None:
-        """End the step; ``step`` defaults to the previous step + 1."""
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        """End the step with the counts in ``step_samples``, ``step_tokens``, ``step_number``; a step
+        that raised is forgotten and the exception goes on to the loop."""
         t1 = perf_counter_ns()
+        if et is not None:
+            self.abort()
+            if self.on_error is not None:
+                self.on_error(et, ev)
+            return
         if not self.in_step:
             return
-        if self.open_phase is not None:
-            self.exit_phase()
-        for hook in self.step_end_hooks:
-            try:
-                hook()
-            except Exception as exc:
-                self.guard.report("step_end_hook", exc)
+        extras = self.extras
+        if extras:
+            self._closing()
         self.in_step = False
-        self.step_no = step if step is not None else self.step_no + 1
+        step = self.step_number
+        self.step_no = step = step if step is not None else self.step_no + 1
         phases = self.phase_times
         if phases:
             self.phase_times = []
@@ -235,23 +271,38 @@ class StepRecorder:
         if self.wait_known:
             wait = self.wait_ns
             self.wait_ns = 0
-        comm = inflight = None
+        self.last = rec = StepRecord(
+            step, self.t0, t1, wait, self.step_samples, self.step_tokens, phases, None, None, None
+        )
+        if extras:
+            self._add_extras(rec)
+
+    def _closing(self) -> None:
+        """Before a step's record is made: close the phase ``enter_phase`` opened, run the step-end hooks."""
+        if self.open_phase is not None:
+            self.exit_phase()
+        for hook in self.step_end_hooks:
+            try:
+                hook()
+            except Exception as exc:
+                self.guard.report("step_end_hook", exc)
+
+    def _add_extras(self, rec: StepRecord) -> None:
+        """What integrations add to a step's record: communication, memory, GPU phase events."""
         if self.comm_known:
-            comm = self.comm_ns
+            rec.comm_ns = self.comm_ns
             self.comm_ns = 0
         if self.inflight_known:
-            inflight = self.inflight_ns
+            rec.inflight_ns = self.inflight_ns
             self.inflight_ns = 0
-        mem = None
         if self.memory is not None:
             try:
-                mem = self.memory.read()
+                rec.memory = self.memory.read()
             except Exception as exc:
                 self.memory = None
                 self.guard.report("memory_stats", exc)
-        pairs = self.pairs
+        rec.gpu_pairs = self.pairs
         self.pairs = None
-        self.last = StepRecord(self.step_no, self.t0, t1, wait, samples, tokens, phases, pairs, mem, comm, inflight)
 
     def hand_over(self) -> None:
         """Queue the finished step with its logs (at the next step's start, or at finish)."""
@@ -300,6 +351,7 @@ class StepRecorder:
 
     def enter_phase(self, name: str) -> None:
         """Close the open phase (if any) and open ``name``: for callbacks that only see boundaries."""
+        self.extras = True
         if self.open_phase is not None:
             self.open_phase.__exit__(None, None, None)
         ph = self.phase(name)
@@ -340,16 +392,17 @@ class StepRecorder:
     def add_comm(self, ns: int) -> None:
         """Exposed communication: time the training thread waited for it (``comm_s``)."""
         self.comm_ns += ns
-        self.comm_known = True
+        self.comm_known = self.extras = True
 
     def add_comm_in_flight(self, ns: int) -> None:
         """Time any collective was in flight or waited for (``comm_in_flight_s``)."""
         self.inflight_ns += ns
-        self.inflight_known = True
+        self.inflight_known = self.extras = True
 
     def on_step_end(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` at the end of every step, before the record is made (comm hooks fold their time in)."""
         self.step_end_hooks.append(hook)
+        self.extras = True
 
     # -- CUDA -------------------------------------------------------------------------------------
     def check_cuda(self) -> None:
@@ -364,9 +417,13 @@ class StepRecorder:
         self._use_cuda()
 
     def _use_cuda(self) -> None:
+        self.extras = True
         self.timer = self.cuda.timer
         self.memory = self.cuda.memory
         self._next_cuda_check = 1 << 62
+        if self.timer is not None:
+            for ph in self.phases.values():
+                ph.__class__ = GpuPhase  # the phases made so far record events too (the class's docstring)
 
 
 def phase_name(name: str) -> str:
