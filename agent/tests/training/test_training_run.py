@@ -385,3 +385,26 @@ def test_communication_or_memory_given_by_hand_is_in_the_steps_after_it(tmp_path
         run.finish()
     assert fields(tmp_path / "comm", "comm_s") == [None, 0.002, 0.0]  # measured from then on: 0 is a value
     assert fields(tmp_path / "memory", "mem_reserved_bytes") == [None, 2000, 2000]
+
+
+def test_the_steps_kept_for_the_report_leave_no_object_the_garbage_collector_tracks(tmp_path: Path) -> None:
+    """A (shape, row) pair per kept step stayed tracked for the run's life: promoted to the oldest
+    generation, 10 000 of them brought on full collections, tens of ms each with torch in the heap."""
+    import gc
+
+    def tracked_after(steps: int) -> int:
+        gc.collect()  # what an earlier run left
+        before = len(gc.get_objects())
+        run = Run(output_dir=tmp_path / str(steps), socket_path=str(tmp_path / "none.sock"), write_report=False)
+        for _ in range(steps):
+            with run.step(samples=2):
+                with run.phase("forward"):
+                    pass
+            run.log(loss=0.5)
+        run.finish()
+        assert len(run.report.steps) == steps  # all kept (max_report_steps 10 000)
+        gc.collect()
+        return len(gc.get_objects()) - before
+
+    tracked_after(10)  # what a first run imports
+    assert tracked_after(2000) - tracked_after(200) < 100

@@ -39,7 +39,7 @@ class Layout(NamedTuple):
         logs = rec.logs
         return cls(
             rec.wait_ns is not None,
-            tuple([name for name, _ in rec.phases]),
+            tuple(rec.phases[::2]),
             rec.comm_ns is not None,
             rec.inflight_ns is not None,
             bool(rec.samples),
@@ -71,10 +71,10 @@ def compile_plan(layout: Layout, mfu: Any) -> Plan:
             src.append(f" if rec.{attr} is not None: return None")
 
     plain_int("wait_ns", "w", layout.wait)
-    src.extend((" ph = rec.phases", f" if len(ph) != {len(layout.phases)}: return None"))
+    src.extend((" ph = rec.phases", f" if len(ph) != {2 * len(layout.phases)}: return None"))
     for i, name in enumerate(layout.phases):
         env[f"P{i}"] = name
-        src.extend((f" n{i}, p{i} = ph[{i}]", f" if n{i} != P{i}: return None"))
+        src.extend((f" if ph[{2 * i}] != P{i}: return None", f" p{i} = ph[{2 * i + 1}]"))
         row.append(f"p{i}")
     plain_int("comm_ns", "c", layout.comm)
     plain_int("inflight_ns", "f", layout.inflight)

@@ -172,9 +172,10 @@ class PointMaker:
         if wait is not None:
             name_("data_wait_s")
             value_(wait if type(wait) is int else int(wait))
-        if rec.phases:
+        phases = rec.phases
+        if phases:
             keys = self._cpu_keys
-            for name, ns in rec.phases:
+            for name, ns in zip(phases[::2], phases[1::2], strict=True):  # flat: (name, ns, name, ns...)
                 key = keys.get(name) or self._phase_key(name, False)
                 if key is not None:
                     name_(key)

@@ -36,8 +36,12 @@ class ReportBuffer:
 
     def __init__(self, max_steps: int) -> None:
         self.max_steps = max(max_steps, 2)
-        #: the kept steps: (shape, row) in order
-        self._steps: list[tuple[FieldShape, tuple[int | float, ...]]] = []
+        #: the kept steps' rows in order, and each one's shape (a few shapes, referenced): no object per
+        #: step that the garbage collector keeps tracking (a row of numbers it stops tracking at its
+        #: first look; a (shape, row) pair it tracked for the run's life, so that, promoted to the oldest
+        #: generation, kept steps brought on full collections: tens of ms each with torch in the heap)
+        self._rows: list[tuple[int | float, ...]] = []
+        self._shapes: list[FieldShape] = []
         self.runs: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self._tags: Mapping[str, str] = {}
@@ -61,9 +65,11 @@ class ReportBuffer:
                 self._totals[name] += sum(map(itemgetter(i), rows))
         kept = rows[(-self._seen) % self._stride :: self._stride] if self._stride > 1 else rows
         self._seen += len(rows)
-        self._steps += zip(repeat(shape), kept)
-        while len(self._steps) >= self.max_steps:
-            self._steps = self._steps[::2]
+        self._rows += kept
+        self._shapes += repeat(shape, len(kept))
+        while len(self._rows) >= self.max_steps:
+            self._rows = self._rows[::2]
+            self._shapes = self._shapes[::2]
             self._stride *= 2
 
     @property
@@ -82,10 +88,11 @@ class ReportBuffer:
 
     def step_rows(self, at_most: int | None = None) -> list[dict[str, Any]]:
         """The kept steps as report rows; with ``at_most``, every n-th of them to stay within it."""
-        kept = self._steps
-        if at_most is not None and len(kept) > at_most:
-            kept = kept[:: -(-len(kept) // max(at_most, 1))]
-        return [{**self._tags, **shape.fields(row), "time": row[-1]} for shape, row in kept]
+        rows, shapes = self._rows, self._shapes
+        if at_most is not None and len(rows) > at_most:
+            every = -(-len(rows) // max(at_most, 1))
+            rows, shapes = rows[::every], shapes[::every]
+        return [{**self._tags, **shape.fields(row), "time": row[-1]} for shape, row in zip(shapes, rows, strict=True)]
 
 
 def write_report(buffer: ReportBuffer, output_dir: str, others: Gathered | None = None) -> str:

@@ -34,8 +34,10 @@ GpuPair = tuple[str, Any, Any]
 class StepRecord:
     """One finished step as the training thread hands it to the worker (times in ``perf_counter_ns``).
 
-    ``phases`` lists ``(name, ns)`` per time a phase ran (a phase entered twice appears twice; the
-    worker adds them up). ``logs`` is what ``run.log()`` gave for this step, attached at hand-over."""
+    ``phases`` is flat, ``(name, ns, name, ns, ...)``, a pair per time a phase ran (a phase entered
+    twice appears twice; the worker adds them up): one tuple of strings and ints, which the garbage
+    collector stops tracking at its first look, where a tuple per phase in a list stayed tracked
+    while the step waited in the queue (more collections, and survivors moved to older generations). ``logs`` is what ``run.log()`` gave for this step, attached at hand-over."""
 
     __slots__ = ("comm_ns", "gpu_pairs", "inflight_ns", "logs", "memory", "phases", "samples", "step", "t0_ns", "t1_ns", "tokens", "wait_ns")  # fmt: skip
 
@@ -47,7 +49,7 @@ class StepRecord:
         wait_ns: int | None,
         samples: int | None,
         tokens: int | None,
-        phases: list[tuple[str, int]] | tuple[()],
+        phases: tuple[str | int, ...],
         gpu_pairs: list[GpuPair] | None,
         memory: tuple[int, int, int, int] | None,
         comm_ns: int | None,
@@ -94,7 +96,7 @@ class Phase:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         t0 = self.t0
         if t0:
-            self.steps.phase_times.append((self.name, perf_counter_ns() - t0))
+            self.steps.phase_times.extend((self.name, perf_counter_ns() - t0))
             self.t0 = 0
 
 
@@ -115,7 +117,7 @@ class GpuPhase(Phase):
         t0 = self.t0
         if t0:
             steps = self.steps
-            steps.phase_times.append((self.name, perf_counter_ns() - t0))
+            steps.phase_times.extend((self.name, perf_counter_ns() - t0))
             self.t0 = 0
             if self.ev0 is not None:
                 start, self.ev0 = self.ev0, None
@@ -194,7 +196,8 @@ class StepRecorder:
         self.step_number: int | None = None
         #: hears of a step that raised: ``on_error(exc_type, exc)``
         self.on_error: Callable[[type, BaseException | None], None] | None = None
-        self.phase_times: list[tuple[str, int]] = []
+        #: this step's phases so far, flat (:class:`StepRecord`), kept and emptied at each step's end
+        self.phase_times: list[str | int] = []
         self.phases = PhaseTable(self)
         self.open_phase: Phase | None = None
         self.pairs: list[GpuPair] | None = None
@@ -262,11 +265,12 @@ class StepRecorder:
         self.in_step = False
         step = self.step_number
         self.step_no = step = step if step is not None else self.step_no + 1
-        phases = self.phase_times
-        if phases:
-            self.phase_times = []
+        times = self.phase_times
+        if times:
+            phases = tuple(times)
+            times.clear()
         else:
-            phases = ()  # type: ignore[assignment]
+            phases = ()
         wait = None
         if self.wait_known:
             wait = self.wait_ns
