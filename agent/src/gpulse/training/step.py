@@ -37,7 +37,8 @@ class StepRecord:
     ``phases`` is flat, ``(name, ns, name, ns, ...)``, a pair per time a phase ran (a phase entered
     twice appears twice; the worker adds them up): one tuple of strings and ints, which the garbage
     collector stops tracking at its first look, where a tuple per phase in a list stayed tracked
-    while the step waited in the queue (more collections, and survivors moved to older generations). ``logs`` is what ``run.log()`` gave for this step, attached at hand-over."""
+    while the step waited in the queue (more collections, and survivors moved to older
+    generations). ``logs`` is what ``run.log()`` gave for this step, attached at hand-over."""
 
     __slots__ = ("comm_ns", "gpu_pairs", "inflight_ns", "logs", "memory", "phases", "samples", "step", "t0_ns", "t1_ns", "tokens", "wait_ns")  # fmt: skip
 
