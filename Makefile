@@ -15,8 +15,9 @@ help:
 	@echo "make bench     benchmarks (figures side by side with baselines)"
 	@echo "make generate  regenerate docs/schema.md, dashboards and Flux tasks from the code"
 
-# The virtualenv, step by step: torch first, its CPU build where the CPU index answers (see scripts/venv.sh).
-$(STAMP): agent/pyproject.toml scripts/venv.sh
+# The virtualenv, step by step: torch first, its CPU build where the CPU index answers (see scripts/venv.sh);
+# rebuilt when the C hot path changes (agent/setup.py compiles it at install).
+$(STAMP): agent/pyproject.toml agent/setup.py agent/src/gpulse/training/_hotpath.c scripts/venv.sh
 	@VENV=$(VENV) bash scripts/venv.sh
 	@touch $(STAMP)
 

@@ -192,6 +192,15 @@ def overhead(socket_path: str, out: Path, steps: int, reps: int) -> Overhead:
     return Overhead(Spread.of(cpu), Spread.of(wall), Spread.of(background), total_ns / ((reps + 1) * steps) / 1000)
 
 
+def _hot_path() -> str:
+    """Which phase timer the checkout measured uses: the C one (``gpulse.training._hotpath``, where
+    built) or Python (not built, or a checkout from before it existed)."""
+    from gpulse.training import step
+
+    base = getattr(step, "PhaseBase", None)
+    return "C (gpulse.training._hotpath)" if base is not None and base.__module__.endswith("_hotpath") else "Python"
+
+
 @contextmanager
 def listening_agent(tmp: str) -> Iterator[str]:
     """A real ``gpulse agent`` (one simulated GPU, recording to a file) for the time of the block;
@@ -257,6 +266,7 @@ def run(table: Table) -> dict[str, float]:
         f"{GC.full - gc_full} full collections (each tens of ms with torch's objects in the heap; the bare loops make no garbage)",
     )
     table.add("torch.cuda.synchronize calls in the instrumented loops", str(sync_calls), goal="0")
+    table.add("phase timer and timed loader measured above", _hot_path())
     if sync_calls:
         raise RuntimeError("gpulse.training synchronised CUDA on the hot path")
     return {

@@ -74,22 +74,23 @@ class StepRecord:
 QueueItem = StepRecord | Point
 
 
-class Phase:
-    """A reusable context manager for one phase name (no allocation per use but the time entry).
+class PyPhaseBase:
+    """The phase timer in Python: what :mod:`gpulse.training._hotpath`'s ``PhaseBase`` does in C, line for line.
 
-    This class times on the CPU only: two timestamps per use, nothing else checked. Once the run
-    uses CUDA, every phase becomes a :class:`GpuPhase` (``StepRecorder._use_cuda`` swaps the class),
-    which also records events; so a run on the CPU never pays for looking for them."""
+    Used where the C module was not built (no C compiler at install: ``agent/setup.py``), and by the
+    tests, which run one suite against both. Two timestamps per use, nothing else checked; the time
+    goes to ``times``, the step recorder's ``phase_times`` (the same list for the recorder's life)."""
 
-    __slots__ = ("ev0", "name", "steps", "t0")
+    __slots__ = ("ev0", "name", "steps", "t0", "times")
 
     def __init__(self, steps: StepRecorder, name: str) -> None:
         self.steps = steps
         self.name = name
+        self.times = steps.phase_times
         self.t0 = 0
         self.ev0: Any = None
 
-    def __enter__(self) -> Phase:
+    def __enter__(self) -> PyPhaseBase:
         if self.steps.in_step:
             self.t0 = perf_counter_ns()
         return self
@@ -97,8 +98,24 @@ class Phase:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         t0 = self.t0
         if t0:
-            self.steps.phase_times.extend((self.name, perf_counter_ns() - t0))
+            self.times.extend((self.name, perf_counter_ns() - t0))
             self.t0 = 0
+
+
+try:  # the same in C: a `with` calls it without an interpreter frame
+    from gpulse.training._hotpath import PhaseBase
+except ImportError:  # not built (agent/setup.py): the Python one
+    PhaseBase = PyPhaseBase
+
+
+class Phase(PhaseBase):  # type: ignore[valid-type,misc]
+    """A reusable context manager for one phase name (no allocation per use but the time entry).
+
+    This class times on the CPU only (:data:`PhaseBase`'s ``__enter__`` and ``__exit__``). Once the
+    run uses CUDA, every phase becomes a :class:`GpuPhase` (``StepRecorder._use_cuda`` swaps the
+    class), which also records events; so a run on the CPU never pays for looking for them."""
+
+    __slots__ = ()
 
 
 class GpuPhase(Phase):
@@ -118,7 +135,7 @@ class GpuPhase(Phase):
         t0 = self.t0
         if t0:
             steps = self.steps
-            steps.phase_times.extend((self.name, perf_counter_ns() - t0))
+            self.times.extend((self.name, perf_counter_ns() - t0))
             self.t0 = 0
             if self.ev0 is not None:
                 start, self.ev0 = self.ev0, None
@@ -136,18 +153,29 @@ class TimedLoader:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        steps = self.steps
-        it = iter(self.loader)
-        clock = perf_counter_ns
-        steps.wait_known = True  # never reset: from now on every step has its data wait
-        while True:
-            t0 = clock()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            steps.wait_ns += clock() - t0
-            yield batch
+        self.steps.wait_known = True  # never reset: from now on every step has its data wait
+        return TimedIter(self.steps, self.loader)
+
+
+def py_timed_iter(steps: StepRecorder, loader: Iterable[Any]) -> Iterator[Any]:
+    """``iter(loader)``, each ``next()`` timed into ``steps.wait_ns``: what
+    :mod:`gpulse.training._hotpath`'s ``TimedIter`` does in C (the reference, as :class:`PyPhaseBase`)."""
+    it = iter(loader)
+    clock = perf_counter_ns
+    while True:
+        t0 = clock()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        steps.wait_ns += clock() - t0
+        yield batch
+
+
+try:  # the same in C: no generator frame to resume per batch
+    from gpulse.training._hotpath import TimedIter
+except ImportError:  # not built (agent/setup.py): the Python one
+    TimedIter = py_timed_iter
 
 
 class PhaseTable(dict[str, Phase]):
