@@ -139,14 +139,22 @@ Phase_clear(PhaseObject *self)
     return 0;
 }
 
+/* Both types' tp_dealloc: untrack, drop the references (their tp_clear), free, and release the heap type
+ * (for a Python subclass too: subtype_dealloc leaves that to a heap base type). */
 static void
-Phase_dealloc(PhaseObject *self)
+dealloc_with(PyObject *self, inquiry clear)
 {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
-    Phase_clear(self);
-    tp->tp_free((PyObject *)self);
+    clear(self);
+    tp->tp_free(self);
     Py_DECREF(tp);
+}
+
+static void
+Phase_dealloc(PyObject *self)
+{
+    dealloc_with(self, (inquiry)Phase_clear);
 }
 
 static PyMethodDef Phase_methods[] = {
@@ -267,13 +275,9 @@ TimedIter_clear(TimedIterObject *self)
 }
 
 static void
-TimedIter_dealloc(TimedIterObject *self)
+TimedIter_dealloc(PyObject *self)
 {
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    TimedIter_clear(self);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
+    dealloc_with(self, (inquiry)TimedIter_clear);
 }
 
 static PyType_Slot TimedIter_slots[] = {
