@@ -195,8 +195,10 @@ def overhead(socket_path: str, out: Path, steps: int, reps: int) -> Overhead:
 def _hot_path() -> str:
     """Which phase timer the checkout measured uses: the C one (``gpulse.training._hotpath``, where
     built) or Python (not built, or a checkout from before it existed)."""
-    from gpulse.training import step
-
+    try:
+        from gpulse.training import step
+    except ImportError:  # a checkout from before gpulse.training.step
+        return "Python"
     base = getattr(step, "PhaseBase", None)
     return "C (gpulse.training._hotpath)" if base is not None and base.__module__.endswith("_hotpath") else "Python"
 
