@@ -101,12 +101,11 @@ Phase_exit(PhaseObject *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UN
 {
     long long t0 = self->t0;
     if (t0) {
-        PyObject *ns = PyLong_FromLongLong(now_ns() - t0);
+        PyObject *ns;
         int failed;
-        if (self->times == NULL) {
-            Py_XDECREF(ns);
+        if (self->times == NULL)
             return not_initialised();
-        }
+        ns = PyLong_FromLongLong(now_ns() - t0);
         if (ns == NULL)
             return NULL;
         self->t0 = 0;

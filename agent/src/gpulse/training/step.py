@@ -102,10 +102,25 @@ class PyPhaseBase:
             self.t0 = 0
 
 
-try:  # the same in C: a `with` calls it without an interpreter frame
-    from gpulse.training._hotpath import PhaseBase
-except ImportError:  # not built (agent/setup.py): the Python one
-    PhaseBase = PyPhaseBase
+def py_timed_iter(steps: StepRecorder, loader: Iterable[Any]) -> Iterator[Any]:
+    """``iter(loader)``, each ``next()`` timed into ``steps.wait_ns``: what
+    :mod:`gpulse.training._hotpath`'s ``TimedIter`` does in C (the reference, as :class:`PyPhaseBase`)."""
+    it = iter(loader)
+    clock = perf_counter_ns
+    while True:
+        t0 = clock()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        steps.wait_ns += clock() - t0
+        yield batch
+
+
+try:  # the same in C: a `with` on a phase, and each batch, without an interpreter frame
+    from gpulse.training._hotpath import PhaseBase, TimedIter
+except ImportError:  # not built (agent/setup.py): the Python references above
+    PhaseBase, TimedIter = PyPhaseBase, py_timed_iter
 
 
 class Phase(PhaseBase):  # type: ignore[valid-type,misc]
@@ -155,27 +170,6 @@ class TimedLoader:
     def __iter__(self) -> Iterator[Any]:
         self.steps.wait_known = True  # never reset: from now on every step has its data wait
         return TimedIter(self.steps, self.loader)
-
-
-def py_timed_iter(steps: StepRecorder, loader: Iterable[Any]) -> Iterator[Any]:
-    """``iter(loader)``, each ``next()`` timed into ``steps.wait_ns``: what
-    :mod:`gpulse.training._hotpath`'s ``TimedIter`` does in C (the reference, as :class:`PyPhaseBase`)."""
-    it = iter(loader)
-    clock = perf_counter_ns
-    while True:
-        t0 = clock()
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        steps.wait_ns += clock() - t0
-        yield batch
-
-
-try:  # the same in C: no generator frame to resume per batch
-    from gpulse.training._hotpath import TimedIter
-except ImportError:  # not built (agent/setup.py): the Python one
-    TimedIter = py_timed_iter
 
 
 class PhaseTable(dict[str, Phase]):
