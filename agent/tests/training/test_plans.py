@@ -12,7 +12,7 @@ from gpulse.training.cuda import CudaDevice
 from gpulse.training.errors import Guard
 from gpulse.training.mfu import Mfu
 from gpulse.training.points import PointMaker
-from gpulse.training.step import StepRecord
+from gpulse.training.step import RECORD_FIELDS, StepRecord
 
 OFFSET = 1_764_547_836_000_000_000
 
@@ -86,4 +86,4 @@ def same(shaped: tuple[Any, tuple[Any, ...]]) -> tuple[Any, ...]:
 
 
 def vars_of(rec: StepRecord) -> dict[str, Any]:
-    return {k: getattr(rec, k) for k in StepRecord.__slots__}
+    return {k: getattr(rec, k) for k in RECORD_FIELDS}

@@ -238,7 +238,7 @@ def test_phases_timed_before_cuda_was_initialised_time_the_gpu_once_it_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The usual order: the first steps run before the script's torch initialised CUDA (phases made
-    on the CPU path), and detection (every 16 steps) finds it later: the same phases then record events."""
+    on the CPU path), and detection (at step 16) finds it later: the same phases then record events."""
     gpu = FakeGPU()
     run = Run(name="late", output_dir=tmp_path, socket_path=str(tmp_path / "none.sock"), write_report=False)
     for _ in range(3):

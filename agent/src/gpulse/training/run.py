@@ -84,9 +84,12 @@ class Run:
         self.steps.cuda.gpu_timing = gpu_timing
         self.steps.cuda.track_memory = track_memory
         self.steps.on_error = self._step_failed
-        # run.phase(name) is called for every phase of every step: the table's own lookup (C, no frame)
-        # stands in for the method below, whose docstring it keeps
+        # run.step(), run.phase(name) and run.log() are called for every step: the recorder's own
+        # methods (C where built: no interpreter frame) and the phase table's lookup stand in for the
+        # methods below, which keep the docstrings and do the same
+        self.step = self.steps.prepare  # type: ignore[method-assign]
         self.phase = self.steps.phases.__getitem__  # type: ignore[method-assign]
+        self.log = self.steps.log  # type: ignore[method-assign]
         self._enabled = False
         self.name = name or "run"
         self.run_id = ""
@@ -185,11 +188,7 @@ class Run:
     # -- the hot path -----------------------------------------------------------------------------
     def step(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> StepRecorder:
         """Context manager around one optimizer step; ``step`` defaults to the previous step + 1."""
-        steps = self.steps
-        steps.step_samples = samples
-        steps.step_tokens = tokens
-        steps.step_number = step
-        return steps
+        return self.steps.prepare(samples, tokens, step)  # type: ignore[no-any-return]
 
     def phase(self, name: str) -> Any:
         """Context manager timing a phase of the current step (forward, backward, optimizer or custom)."""
@@ -206,11 +205,7 @@ class Run:
         CPU tensors are converted on the background thread, one-element CUDA tensors are copied
         asynchronously and read once the copy has completed.
         """
-        steps = self.steps
-        if steps.logs:
-            steps.logs.update(scalars)
-        else:  # the step's first log: its own dict becomes the step's (nothing copied)
-            steps.logs = scalars
+        self.steps.log(**scalars)
 
     # -- for integrations that cannot use ``with`` --------------------------------------------------
     def begin_step(self, idle_since_ns: int = 0) -> None:

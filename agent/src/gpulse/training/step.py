@@ -31,8 +31,11 @@ MAX_QUEUE = 100_000
 GpuPair = tuple[str, Any, Any]
 
 
-class StepRecord:
+class PyStepRecord:
     """One finished step as the training thread hands it to the worker (times in ``perf_counter_ns``).
+
+    The Python reference of :mod:`gpulse.training._hotpath`'s ``StepRecord`` (used as
+    :data:`StepRecord` where that was not built): the same fields, the same constructor.
 
     ``phases`` is flat, ``(name, ns, name, ns, ...)``, a pair per time a phase ran (a phase entered
     twice appears twice; the worker adds them up): one tuple of strings and ints, which the garbage
@@ -70,8 +73,120 @@ class StepRecord:
         self.logs: dict[str, Any] | None = None
 
 
-#: What the worker's queue carries: steps, and points made elsewhere (run start, events).
-QueueItem = StepRecord | Point
+#: A step record's fields, in both implementations (their ``__slots__`` / members).
+RECORD_FIELDS = PyStepRecord.__slots__
+
+
+class PyStepBase:
+    """The step recorder's hot state and methods in Python: what :mod:`gpulse.training._hotpath`'s
+    ``StepBase`` does in C, line for line (used where that was not built, and by the tests).
+
+    ``prepare`` is ``run.step(...)``, ``log`` is ``run.log(...)``; ``__enter__`` and ``__exit__``
+    begin and end a step. What only integrations and CUDA runs need is :class:`Recorder`'s, put over
+    this class, called through its hooks only when ``extras`` is set (and ``check_cuda`` when a
+    check is due), so that a plain step never leaves this code."""
+
+    def __init__(self, max_queue: int) -> None:
+        self.queue: deque[QueueItem] = deque()
+        #: the finished step, open for ``run.log()`` until the next step begins (or the run finishes)
+        self.last: StepRecord | None = None
+        #: what ``run.log()`` gave since the last hand-over (the first call's own dict)
+        self.logs: dict[str, Any] = {}
+        #: the counts of the step being run, as ``run.step()`` or ``end()`` gave them
+        self.step_samples: int | None = None
+        self.step_tokens: int | None = None
+        self.step_number: int | None = None
+        #: this step's phases so far, flat (:class:`StepRecord`), kept and emptied at each step's end
+        self.phase_times: list[str | int] = []
+        self.t0 = 0
+        self.step_no = 0
+        self.wait_ns = 0
+        self._next_cuda_check = 0
+        self.max_queue = max_queue
+        #: steps the queue could not take (the worker fell behind by more than ``max_queue``)
+        self.not_kept = 0
+        self.in_step = False
+        self.wait_known = False
+        #: whether steps have more than times, counts and logs: set for good once an integration or
+        #: CUDA adds to them (hooks, ``enter_phase``, communication, memory, GPU events), so that a
+        #: plain step checks one flag for all of it
+        self.extras = False
+
+    def prepare(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> PyStepBase:
+        self.step_samples = samples
+        self.step_tokens = tokens
+        self.step_number = step
+        return self
+
+    def log(self, **scalars: Any) -> None:
+        if self.logs:
+            self.logs.update(scalars)
+        else:  # the step's first log: its own dict becomes the step's (nothing copied)
+            self.logs = scalars
+
+    def hand_over(self) -> None:
+        """Queue the finished step with its logs (at the next step's start, or at finish)."""
+        rec = self.last
+        if rec is None:
+            return
+        self.last = None
+        logs = self.logs
+        if logs:
+            rec.logs = logs
+            self.logs = {}
+            if self.extras:
+                self._logs_handed(logs)
+        if len(self.queue) >= self.max_queue:
+            self.not_kept += 1
+            if self.not_kept == 1:
+                self._queue_full()
+            return
+        self.queue.append(rec)
+
+    def __enter__(self) -> PyStepBase:
+        if self.last is not None:
+            self.hand_over()
+        if self.step_no >= self._next_cuda_check:
+            self.check_cuda()
+        if self.extras:
+            self._enter_extras()
+        self.in_step = True
+        self.t0 = perf_counter_ns()
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        """End the step with the counts in ``step_samples``, ``step_tokens``, ``step_number``; a step
+        that raised is forgotten and the exception goes on to the loop."""
+        t1 = perf_counter_ns()
+        if et is not None:
+            self._step_raised(et, ev)
+            return
+        if not self.in_step:
+            return
+        extras = self.extras
+        if extras:
+            self._closing()
+        self.in_step = False
+        step = self.step_number
+        if step is None:
+            self.step_no = step = self.step_no + 1
+        else:  # the record keeps what it was given (the worker checks it); step_no follows an int64
+            self.step_no = step if isinstance(step, int) and -(2**63) <= step < 2**63 else self.step_no + 1
+        times = self.phase_times
+        if times:
+            phases = tuple(times)
+            times.clear()
+        else:
+            phases = ()
+        wait = None
+        if self.wait_known:
+            wait = self.wait_ns
+            self.wait_ns = 0
+        self.last = rec = PyStepRecord(
+            step, self.t0, t1, wait, self.step_samples, self.step_tokens, phases, None, None, None
+        )
+        if extras:
+            self._add_extras(rec)
 
 
 class PyPhaseBase:
@@ -117,10 +232,13 @@ def py_timed_iter(steps: StepRecorder, loader: Iterable[Any]) -> Iterator[Any]:
         yield batch
 
 
-try:  # the same in C: a `with` on a phase, and each batch, without an interpreter frame
-    from gpulse.training._hotpath import PhaseBase, TimedIter
+try:  # the same in C: a step, its record, a phase and each batch, without an interpreter frame
+    from gpulse.training._hotpath import PhaseBase, StepBase, StepRecord, TimedIter
 except ImportError:  # not built (agent/setup.py): the Python references above
-    PhaseBase, TimedIter = PyPhaseBase, py_timed_iter
+    PhaseBase, StepBase, StepRecord, TimedIter = PyPhaseBase, PyStepBase, PyStepRecord, py_timed_iter
+
+#: What the worker's queue carries: steps, and points made elsewhere (run start, events).
+QueueItem = StepRecord | Point
 
 
 class Phase(PhaseBase):  # type: ignore[valid-type,misc]
@@ -187,53 +305,33 @@ class PhaseTable(dict[str, Phase]):
         return ph
 
 
-class StepRecorder:
-    """The state of the step in progress, on the training thread; finished steps go to ``queue``.
+class Recorder:
+    """The step recorder's Python part, over either ``StepBase``: what integrations and CUDA runs add.
 
-    It is also the context manager ``run.step()`` returns, so that ``with`` runs one frame to begin a
-    step (:meth:`__enter__`) and one to end it (:meth:`__exit__`): per step, each frame costs the
-    loop ~0.1 µs cold. ``begin()`` / ``end()`` do the same for integrations that cannot use ``with``.
-    Never raises into the loop: what fails is counted by ``guard`` and switched off."""
+    :class:`StepRecorder` puts it over :data:`StepBase` (C where built); the tests also put it over
+    :class:`PyStepBase`. ``StepBase`` calls the hooks below (``_enter_extras`` ... ``_queue_full``,
+    ``check_cuda``) only once ``extras`` is set, when a step raises, or when a check is due, so
+    that a plain step never runs them. ``begin()`` / ``end()`` do what ``with`` does, for
+    integrations that cannot use it. Never raises into the loop: what fails is counted by ``guard``
+    and switched off."""
 
     def __init__(self, guard: Guard, max_queue: int = MAX_QUEUE) -> None:
+        super().__init__(max_queue)
         self.guard = guard
-        self.queue: deque[QueueItem] = deque()
-        self.max_queue = max_queue
-        #: steps the queue could not take (the worker fell behind by more than ``max_queue``)
-        self.not_kept = 0
-        self.in_step = False
-        self.t0 = 0
-        self.step_no = 0
-        self.wait_ns = 0
-        self.wait_known = False
         self.comm_ns = 0
         self.comm_known = False
         self.inflight_ns = 0
         self.inflight_known = False
-        #: what ``run.log()`` gave since the last hand-over (the first call's own dict)
-        self.logs: dict[str, Any] = {}
-        self.last: StepRecord | None = None
-        #: the counts of the step being run, as ``run.step()`` or ``end()`` gave them
-        self.step_samples: int | None = None
-        self.step_tokens: int | None = None
-        self.step_number: int | None = None
         #: hears of a step that raised: ``on_error(exc_type, exc)``
         self.on_error: Callable[[type, BaseException | None], None] | None = None
-        #: this step's phases so far, flat (:class:`StepRecord`), kept and emptied at each step's end
-        self.phase_times: list[str | int] = []
         self.phases = PhaseTable(self)
         self.open_phase: Phase | None = None
         self.pairs: list[GpuPair] | None = None
         self.step_end_hooks: list[Callable[[], None]] = []
-        #: whether steps have more than times, counts and logs: set for good once an integration or
-        #: CUDA adds to them (hooks, ``enter_phase``, communication, memory, GPU events), so that a
-        #: plain step checks one flag for all of it (:meth:`_closing`, :meth:`_add_extras`)
-        self.extras = False
         self.cuda = CudaDevice(guard)
         #: the CUDA event pool and allocator probe, once CUDA is in use (copied from ``cuda`` for speed)
         self.timer: Any = None
         self._memory: Any = None
-        self._next_cuda_check = 0
 
     @property
     def memory(self) -> Any:
@@ -260,49 +358,28 @@ class StepRecorder:
         self.step_number = step
         self.__exit__(None, None, None)
 
-    def __enter__(self) -> StepRecorder:
-        if self.last is not None:
-            self.hand_over()
-        if self.step_no >= self._next_cuda_check:
-            self.check_cuda()
+    # -- the hooks StepBase calls once ``extras`` is set --------------------------------------------
+    def _enter_extras(self) -> None:
+        """A step begins: a list for its GPU phase events."""
         if self.timer is not None:
             self.pairs = []
-        self.in_step = True
-        self.t0 = perf_counter_ns()
-        return self
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        """End the step with the counts in ``step_samples``, ``step_tokens``, ``step_number``; a step
-        that raised is forgotten and the exception goes on to the loop."""
-        t1 = perf_counter_ns()
-        if et is not None:
-            self.abort()
-            if self.on_error is not None:
-                self.on_error(et, ev)
-            return
-        if not self.in_step:
-            return
-        extras = self.extras
-        if extras:
-            self._closing()
-        self.in_step = False
-        step = self.step_number
-        self.step_no = step = step if step is not None else self.step_no + 1
-        times = self.phase_times
-        if times:
-            phases = tuple(times)
-            times.clear()
-        else:
-            phases = ()
-        wait = None
-        if self.wait_known:
-            wait = self.wait_ns
-            self.wait_ns = 0
-        self.last = rec = StepRecord(
-            step, self.t0, t1, wait, self.step_samples, self.step_tokens, phases, None, None, None
-        )
-        if extras:
-            self._add_extras(rec)
+    def _step_raised(self, et: type, ev: BaseException | None) -> None:
+        """The step raised (called whatever ``extras`` says): forget it, tell ``on_error``."""
+        self.abort()
+        if self.on_error is not None:
+            self.on_error(et, ev)
+
+    def _logs_handed(self, logs: dict[str, Any]) -> None:
+        """A step's logs were handed over: start copying its CUDA scalars."""
+        if self.timer is not None:
+            self.cuda.copy_logs(logs)
+
+    def _queue_full(self) -> None:
+        """The first step the queue could not take (called once; the rest are counted in ``not_kept``)."""
+        # logged once, counted in StepBase: the Guard's lock, taken per step, would make the training
+        # thread wait for the worker whenever the worker holds it
+        self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; steps not kept")
 
     def _closing(self) -> None:
         """Before a step's record is made: close the phase ``enter_phase`` opened, run the step-end hooks."""
@@ -330,26 +407,6 @@ class StepRecorder:
                 self.guard.report("memory_stats", exc)
         rec.gpu_pairs = self.pairs
         self.pairs = None
-
-    def hand_over(self) -> None:
-        """Queue the finished step with its logs (at the next step's start, or at finish)."""
-        rec = self.last
-        if rec is None:
-            return
-        self.last = None
-        logs = self.logs
-        if logs:
-            rec.logs = logs
-            self.logs = {}
-            if self.timer is not None:
-                self.cuda.copy_logs(logs)
-        if len(self.queue) >= self.max_queue:
-            self.not_kept += 1
-            if self.not_kept == 1:  # logged once, counted here: the Guard's lock, taken per step, would
-                # make the training thread wait for the worker whenever the worker holds it
-                self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; steps not kept")
-            return
-        self.queue.append(rec)
 
     def add_point(self, point: Point) -> None:
         """Queue a point made on the training thread (an event), bounded like steps."""
@@ -433,8 +490,13 @@ class StepRecorder:
 
     # -- CUDA -------------------------------------------------------------------------------------
     def check_cuda(self) -> None:
-        """Use CUDA once this process has initialised it (checked at the start and every 16 steps until then)."""
-        self._next_cuda_check = self.step_no + 16
+        """Use CUDA once this process has initialised it: checked at the start, at step 16, then at
+        intervals doubling up to every 1,024 steps (steps 32, 64, ..., 1024, 2048, 3072, ...).
+
+        Scripts initialise CUDA before or within their first steps, found by step 16 as before; a
+        check is a few cold interpreter frames (``torch.cuda.is_initialized()``), which every 16
+        steps cost a CPU run ~0.5 µs a step on a small VM."""
+        self._next_cuda_check = self.step_no + min(max(16, self.step_no), 1024)
         if self.cuda.device is not None or self.cuda.detect():
             self._use_cuda()
 
@@ -451,6 +513,13 @@ class StepRecorder:
         if self.timer is not None:
             for ph in self.phases.values():
                 ph.__class__ = GpuPhase  # the phases made so far record events too (the class's docstring)
+
+
+class StepRecorder(Recorder, StepBase):  # type: ignore[valid-type,misc]
+    """The state of the step in progress, on the training thread; finished steps go to ``queue``.
+
+    It is also the context manager ``run.step()`` returns: :data:`StepBase` (C where built) runs the
+    step, :class:`Recorder` what integrations and CUDA add."""
 
 
 def phase_name(name: str) -> str:
