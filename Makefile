@@ -17,7 +17,7 @@ help:
 
 # The virtualenv, step by step: torch first, its CPU build where the CPU index answers (see scripts/venv.sh);
 # rebuilt when the C hot path changes (agent/setup.py compiles it at install).
-$(STAMP): agent/pyproject.toml agent/setup.py agent/src/gpulse/training/_hotpath.c scripts/venv.sh
+$(STAMP): agent/pyproject.toml agent/setup.py $(wildcard agent/src/gpulse/training/*.c agent/src/gpulse/training/*.h) scripts/venv.sh
 	@VENV=$(VENV) bash scripts/venv.sh
 	@touch $(STAMP)
 

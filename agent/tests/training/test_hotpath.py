@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from training_support import compiled
 
 from gpulse.training import Run, step
 from gpulse.training.errors import Guard
@@ -50,15 +51,8 @@ class PyRecorder(Recorder, PyStepBase):
     """The recorder of a machine without the C module."""
 
 
-NOT_BUILT = "gpulse.training._hotpath is not built ({}): install a C compiler and run `make venv` again"
-
-
 def _compiled() -> Any:
-    try:
-        from gpulse.training import _hotpath
-    except ImportError as exc:  # the message is the point: say what to do
-        pytest.fail(NOT_BUILT.format(exc))
-    return _hotpath
+    return compiled("_hotpath")
 
 
 @pytest.fixture(params=["c", "python"])
@@ -346,10 +340,11 @@ AGENT = Path(__file__).resolve().parents[2]
 
 WITHOUT_COMPILER_RUN = """
 import os, sys, tempfile
-from gpulse.training import Run, step
+from gpulse.training import Run, plans, step
 assert step.__file__.startswith(sys.argv[1]), step.__file__
 assert step.PhaseBase is step.PyPhaseBase and step.TimedIter is step.py_timed_iter
 assert step.StepBase is step.PyStepBase and step.StepRecord is step.PyStepRecord
+assert plans.RowPlan is plans.PyRowPlan
 with tempfile.TemporaryDirectory() as tmp:
     run = Run(name="nocc", output_dir=tmp, socket_path=os.path.join(tmp, "none", "a.sock"), write_report=False)
     for batch in run.wrap_loader(range(3)):
@@ -358,11 +353,12 @@ with tempfile.TemporaryDirectory() as tmp:
                 pass
     print(run.steps.last.phases[0], run.steps.last.wait_ns is not None)
     run.finish()
+    print(run.worker.steps_sent, type(run.worker.points._plan[0]).__name__)
 """
 
 
 def test_without_a_c_compiler_gpulse_installs_and_runs_on_the_python_hot_path(tmp_path: Path) -> None:
-    """``optional=True`` in ``agent/setup.py``: a failed build of the C module is a warning, and the
+    """``optional=True`` in ``agent/setup.py``: a failed build of the C modules is a warning, and the
     installed gpulse uses the Python references (``CC=/bin/false`` stands in for a machine without a
     compiler; the build runs on a copy of the package, not in the checkout)."""
     src = tmp_path / "agent"
@@ -375,11 +371,12 @@ def test_without_a_c_compiler_gpulse_installs_and_runs_on_the_python_hot_path(tm
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    assert 'building extension "gpulse.training._hotpath" failed' in built.stdout + built.stderr
+    for module in ("_hotpath", "_rows"):
+        assert f'building extension "gpulse.training.{module}" failed' in built.stdout + built.stderr
     (wheel,) = (tmp_path / "whl").glob("gpulse-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "gpulse/training/step.py" in names
-    assert not [n for n in names if "_hotpath" in n]  # neither the module nor its C source
+    assert not [n for n in names if "_hotpath" in n or "_rows" in n or n.endswith(".h")]  # no module, no C source
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     ran = subprocess.run(
@@ -387,4 +384,4 @@ def test_without_a_c_compiler_gpulse_installs_and_runs_on_the_python_hot_path(tm
         env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-2000:]
-    assert ran.stdout.split() == ["forward", "True"]
+    assert ran.stdout.split() == ["forward", "True", "3", "PyRowPlan"]  # every step, the Python plan's rows

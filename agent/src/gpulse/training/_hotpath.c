@@ -29,6 +29,8 @@
 #include <structmember.h>
 #include <time.h>
 
+#include "_record.h" /* StepRecord's struct, dealloc_with */
+
 /* The step recorder's hot state (gpulse.training.step.PyStepBase has the same attributes). */
 typedef struct {
     PyObject_HEAD
@@ -197,18 +199,6 @@ Phase_clear(PhaseObject *self)
     return 0;
 }
 
-/* Both types' tp_dealloc: untrack, drop the references (their tp_clear), free, and release the heap type
- * (for a Python subclass too: subtype_dealloc leaves that to a heap base type). */
-static void
-dealloc_with(PyObject *self, inquiry clear)
-{
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    clear(self);
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
 static void
 Phase_dealloc(PyObject *self)
 {
@@ -364,18 +354,6 @@ static PyType_Spec TimedIter_spec = {
 };
 
 /* -- StepRecord -------------------------------------------------------------------------------- */
-
-/* One finished step: PyStepRecord's fields (gpulse.training.step), as object members so that the
- * worker's reads specialise as they do for __slots__ (T_OBJECT_EX is what __slots__ makes). */
-typedef struct {
-    PyObject_HEAD
-    PyObject *comm_ns, *gpu_pairs, *inflight_ns, *logs, *memory, *phases, *samples, *step, *tokens, *wait_ns;
-    long long t0_ns, t1_ns; /* the clock's: ints made when read (on the worker's thread), not per step here */
-} RecordObject;
-
-/* the object fields (the two times are members of their own) */
-#define RECORD_FIELDS(X) \
-    X(comm_ns) X(gpu_pairs) X(inflight_ns) X(logs) X(memory) X(phases) X(samples) X(step) X(tokens) X(wait_ns)
 
 static PyObject *
 Record_new(PyTypeObject *type, PyObject *args, PyObject *kwds)

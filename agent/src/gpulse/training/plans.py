@@ -3,22 +3,30 @@
 A run's steps nearly all look alike: the same phases, the same logged names, counts that are plain
 ``int`` and logged values that are plain finite ``float``. For such a step the general path
 (:meth:`gpulse.training.points.PointMaker.step_row`) spends most of its time finding names and
-appending them one by one. A :class:`Layout` says what such a step looks like; :func:`compile_plan`
-writes one Python function for it (as ``dataclasses`` and ``namedtuple`` write theirs) that checks
-a record has that layout, with plain values only, and builds its row in one expression; any record
+appending them one by one. A :class:`Layout` says what such a step looks like; its :data:`RowPlan`
+checks a record has that layout, with plain values only, and builds its row in one go; any record
 it does not fit gets ``None`` and takes the general path, which stays the one definition of a step's
 fields. A plan is only used once it gave, for the record it was made from, the very row the general
 path gave (:meth:`PointMaker.step_row <gpulse.training.points.PointMaker.step_row>` checks), so a
 plan can be missing a case but never disagree. Steps with GPU times or MFU take the general path.
+
+``plan.take(queue, n, off)`` makes the rows of the records at the head of the worker's queue that
+the plan fits, and takes them off it, so that a slice of alike steps costs the worker one call.
+:data:`RowPlan` is the C one (``gpulse/training/_rows.c``, built with the hot path:
+``agent/setup.py``) where built, else :class:`PyRowPlan`, which :func:`compile_plan` writes in Python
+(as ``dataclasses`` and ``namedtuple`` write theirs); one test suite runs against both
+(``tests/training/test_plans.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
 from typing import Any, NamedTuple
 
-#: A plan: ``(record, offset_ns) -> row`` or ``None`` when the record does not have its layout.
-Plan = Callable[[Any, int], "tuple[int | float, ...] | None"]
+from gpulse.training.step import StepRecord
+
+#: A row: the step's field values in its shape's order, the timestamp last.
+Row = tuple[int | float, ...]
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -49,8 +57,43 @@ class Layout(NamedTuple):
         )
 
 
-def compile_plan(layout: Layout, mfu: Any) -> Plan:
-    """The plan of ``layout``: its row has the general path's values in the general path's order.
+class PyRowPlan:
+    """The plan of one layout in Python (:func:`compile_plan`'s function): the reference of the C
+    ``RowPlan`` (``gpulse/training/_rows.c``), which does the same checks in the same order and is
+    stricter in a few cases (there a record goes to the general path, whose row is the same)."""
+
+    __slots__ = ("row",)
+
+    def __init__(self, layout: Layout, mfu: Any) -> None:
+        self.row = compile_plan(layout, mfu)
+
+    def __call__(self, rec: Any, off: int) -> Row | None:
+        return self.row(rec, off)
+
+    def take(self, queue: deque[Any], n: int, off: int) -> list[Row]:
+        """The rows of the records at the head of ``queue`` that the plan fits (at most ``n``), taken
+        off it; the first item that is not a step record without GPU events, or that the plan does
+        not fit, stays at the head (the worker's general path makes its row, or says what is wrong)."""
+        rows: list[Row] = []
+        row = self.row
+        while len(rows) < n and queue:
+            rec = queue[0]
+            if type(rec) is not StepRecord or rec.gpu_pairs is not None:
+                break
+            try:
+                r = row(rec, off)
+            except Exception:  # the general path meets the same value and says what is wrong with it
+                break
+            if r is None:
+                break
+            queue.popleft()
+            rows.append(r)
+        return rows
+
+
+def compile_plan(layout: Layout, mfu: Any) -> Any:
+    """The plan of ``layout`` as a Python function ``(record, offset_ns) -> row | None``: its row has
+    the general path's values in the general path's order.
     ``mfu`` (the run's :class:`~gpulse.training.mfu.Mfu`) is read at each call: while it can compute
     FLOPs, steps with tokens take the general path."""
     env: dict[str, Any] = {"MIN": INT64_MIN, "MAX": INT64_MAX, "mfu": mfu, "LOGS": layout.logs}
@@ -102,4 +145,15 @@ def compile_plan(layout: Layout, mfu: Any) -> Plan:
         src.append(" if rec.logs: return None")
     src.append(f" return ({', '.join(row)}, t1 + off)")
     exec("\n".join(src), env)  # the source is made above from names held in env, never from input
-    return env["plan"]  # type: ignore[no-any-return]
+    return env["plan"]
+
+
+try:  # the same in C: a record read from its struct, its row made without an interpreter frame
+    from gpulse.training._rows import RowPlan
+except ImportError:  # not built (agent/setup.py): the Python reference above
+    RowPlan = PyRowPlan
+
+
+def plan_for(layout: Layout, mfu: Any) -> Any:
+    """The plan of ``layout`` (``plan(rec, off)``, ``plan.take(queue, n, off)``): a :data:`RowPlan`."""
+    return RowPlan(layout, mfu)

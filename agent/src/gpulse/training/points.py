@@ -22,10 +22,11 @@ from gpulse.channel.protocol import (
     MAX_OPEN_FIELDS_PER_RUN,
     FieldShape,
 )
+from gpulse.training import plans
 from gpulse.training.cuda import CudaDevice
 from gpulse.training.errors import Guard
 from gpulse.training.mfu import Mfu
-from gpulse.training.plans import Layout, Plan, compile_plan
+from gpulse.training.plans import Layout, Row
 from gpulse.training.step import StepRecord
 
 STANDARD_PHASES = ("forward", "backward", "optimizer")
@@ -90,8 +91,9 @@ class PointMaker:
         #: field names -> their shape (a run has a handful; more only with ever-changing log names)
         self._shapes: dict[tuple[str, ...], StepShape] = {}
         #: layouts seen -> (their plan, its shape), or ``None`` when the plan did not give the general path's row
-        self._plans: dict[Layout, tuple[Plan, StepShape] | None] = {}
-        self._plan: tuple[Plan, StepShape] | None = None
+        self._plans: dict[Layout, tuple[Any, StepShape] | None] = {}
+        #: the plan used last, tried first (:data:`~gpulse.training.plans.RowPlan`), with its shape
+        self._plan: tuple[Any, StepShape] | None = None
         #: a phase name (host times, GPU times) or a logged name -> its field name, for names already
         #: accepted (bounded together)
         self._cpu_keys: dict[str, str] = {}
@@ -129,13 +131,23 @@ class PointMaker:
             self._make_plan(layout, rec, offset_ns, shape, row)
         return shape, row
 
+    def take(self, queue: Any, n: int, offset_ns: int) -> tuple[StepShape, list[Row]] | None:
+        """The rows of the steps at the head of ``queue`` that the plan used last fits (at most ``n``),
+        taken off it, with their shape; ``None`` when there is no plan yet or the head is not its
+        (the worker then gives that item to :meth:`step_row`, which may find or make another plan)."""
+        plan = self._plan
+        if plan is None:
+            return None
+        rows = plan[0].take(queue, n, offset_ns)
+        return (plan[1], rows) if rows else None
+
     def _make_plan(
         self, layout: Layout, rec: StepRecord, offset_ns: int, shape: StepShape, row: tuple[int | float, ...]
     ) -> None:
         """Compile ``layout``'s plan and keep it if it gives ``row`` for ``rec`` (else remember there is none)."""
         if len(self._plans) >= MAX_SHAPES:
             self._plans.clear()
-        plan = compile_plan(layout, self.mfu)
+        plan = plans.plan_for(layout, self.mfu)
         try:
             same = plan(rec, offset_ns) == row
         except Exception:

@@ -145,10 +145,23 @@ class Worker:
         now = time.monotonic()
         cuda_logs = self.steps.cuda.timer is not None  # only then can a logged value be a pending copy
         step_row = self.points.step_row
+        take = self.points.take
         offset = self._offset_ns
         shape: StepShape | None = None
         rows: list[tuple[int | float, ...]] = []
-        for _ in range(min(SLICE, len(q))):
+        budget = min(SLICE, len(q))
+        while budget > 0:
+            got = take(q, budget, offset)  # the alike steps at the head, in one call (plans.RowPlan.take)
+            if got is not None:
+                row_shape, taken = got
+                if row_shape is not shape:
+                    self._send_rows(shape, rows, now)
+                    shape, rows = row_shape, taken
+                else:
+                    rows += taken
+                budget -= len(taken)
+                continue
+            budget -= 1
             item = q.popleft()
             if type(item) is StepRecord:
                 if item.gpu_pairs or (cuda_logs and _has_cuda_logs(item.logs)):

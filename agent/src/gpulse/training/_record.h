@@ -1,0 +1,36 @@
+/* What gpulse's two C modules share: the step record's layout and the heap types' dealloc.
+ *
+ * _hotpath.c makes StepRecord objects on the training thread; _rows.c reads them on the worker's
+ * thread (the rows of gpulse.training.plans), so both need the one struct. _rows finds the type
+ * itself by importing gpulse.training._hotpath (a module of its own: either may be built alone).
+ */
+#ifndef GPULSE_RECORD_H
+#define GPULSE_RECORD_H
+
+#include <Python.h>
+
+/* One finished step: PyStepRecord's fields (gpulse.training.step), as object members so that the
+ * worker's reads specialise as they do for __slots__ (T_OBJECT_EX is what __slots__ makes). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *comm_ns, *gpu_pairs, *inflight_ns, *logs, *memory, *phases, *samples, *step, *tokens, *wait_ns;
+    long long t0_ns, t1_ns; /* the clock's: ints made when read (on the worker's thread), not per step here */
+} RecordObject;
+
+/* the object fields (the two times are members of their own) */
+#define RECORD_FIELDS(X) \
+    X(comm_ns) X(gpu_pairs) X(inflight_ns) X(logs) X(memory) X(phases) X(samples) X(step) X(tokens) X(wait_ns)
+
+/* Every heap type's tp_dealloc: untrack, drop the references (its tp_clear), free, and release the
+ * heap type (for a Python subclass too: subtype_dealloc leaves that to a heap base type). */
+static inline void
+dealloc_with(PyObject *self, inquiry clear)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+#endif
