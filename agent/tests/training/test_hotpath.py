@@ -309,6 +309,28 @@ def test_a_record_is_made_and_changed_alike_by_both(impl: HotPath) -> None:
     assert impl.record(1, 0, 1, 0, 1, 1, (), None, None, None, 9).inflight_ns == 9
 
 
+def test_a_plain_step_s_record_is_left_to_refcounting_and_one_that_can_be_in_a_cycle_is_tracked() -> None:
+    """The C recorder untracks a record (and its phases) that refers to no tracked object, as CPython
+    untracks tuples and dicts of plain values: the queue's records are then neither traversed by each
+    collection nor promoted to the oldest generation (whose growth brings on full collections). The
+    Python reference cannot untrack; its records are always tracked."""
+    steps = StepRecorder(Guard())
+    for logged in ({"loss": 0.5}, {"me": steps}):
+        with steps.prepare(samples=32):
+            with steps.phase("forward"):
+                pass
+        steps.log(**logged)
+    with steps.prepare():  # hands the second over
+        pass
+    plain, cyclic = steps.queue
+    assert not gc.is_tracked(plain) and not gc.is_tracked(plain.phases) and plain.logs == {"loss": 0.5}
+    assert gc.is_tracked(cyclic)  # its logs hold the recorder: it stays visible to the collector
+    plain.gpu_pairs = [("forward", object(), object())]
+    assert gc.is_tracked(plain)  # given a tracked value: tracked again
+    plain.gpu_pairs = None
+    assert gc.is_tracked(plain)  # and stays so (CPython never untracks on assignment either)
+
+
 def test_a_recorder_whose_queued_step_logged_the_recorder_itself_is_freed(impl: HotPath) -> None:
     """A cycle through a record (its logs) and the recorder (its queue): both types' traverse."""
     steps = impl.steps()

@@ -382,6 +382,32 @@ Record_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
+/* Untrack a record that refers to no tracked object (untrack_plain's reasoning, _record.h): a plain
+ * step's record (ints, a tuple of names and ints, a dict of floats) is then neither traversed by each
+ * collection while it waits in the queue (a second's steps) nor, surviving two, promoted to the
+ * oldest generation, whose growth brings on full collections, tens of ms each with torch's objects
+ * in the heap (BENCHMARKS.md). A record whose step logged a container stays tracked, and one given a
+ * tracked value later is tracked again (Record_setattro). */
+static void
+maybe_untrack(RecordObject *rec)
+{
+#define TRACKED(f) if (rec->f != NULL && PyObject_GC_IsTracked(rec->f)) return;
+    RECORD_FIELDS(TRACKED)
+#undef TRACKED
+    PyObject_GC_UnTrack(rec);
+}
+
+/* rec.<field> = value: a tracked value makes an untracked record tracked again (maybe_untrack) */
+static int
+Record_setattro(PyObject *self, PyObject *name, PyObject *value)
+{
+    if (PyObject_GenericSetAttr(self, name, value) < 0)
+        return -1;
+    if (value != NULL && !PyObject_GC_IsTracked(self) && PyObject_GC_IsTracked(value))
+        PyObject_GC_Track(self);
+    return 0;
+}
+
 /* What StepBase.__exit__ makes: steals step, wait and phases (new references, any may be NULL after
  * a failed allocation: then all are released and NULL returned). */
 static PyObject *
@@ -441,6 +467,7 @@ static PyType_Slot Record_slots[] = {
     {Py_tp_doc, "One finished step (gpulse.training.step.PyStepRecord, in C)."},
     {Py_tp_new, Record_new},
     {Py_tp_dealloc, Record_dealloc},
+    {Py_tp_setattro, Record_setattro},
     {Py_tp_traverse, Record_traverse},
     {Py_tp_clear, Record_clear},
     {Py_tp_members, Record_members},
@@ -608,6 +635,8 @@ Step_hand_over(StepObject *self, PyObject *Py_UNUSED(ignored))
             return NULL;
         Py_RETURN_NONE;
     }
+    if (Py_IS_TYPE(rec, RecordType) && PyObject_GC_IsTracked(rec))
+        maybe_untrack((RecordObject *)rec); /* its logs and the hooks' additions are in by now */
     r = PyObject_CallOneArg(self->queue_append, rec);
     Py_DECREF(rec);
     if (r == NULL)
@@ -684,6 +713,7 @@ Step_exit(StepObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyListObject *times = (PyListObject *)self->phase_times;
         memcpy(((PyTupleObject *)phases)->ob_item, times->ob_item, n * sizeof(PyObject *));
         Py_SET_SIZE(times, 0);
+        untrack_plain(phases);
     }
     if (self->wait_known) {
         wait = PyLong_FromLongLong(self->wait_ns);

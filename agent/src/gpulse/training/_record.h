@@ -1,8 +1,9 @@
-/* What gpulse's two C modules share: the step record's layout and the heap types' dealloc.
+/* What gpulse's two C modules share: the step record's layout, untracking plain tuples, and the heap
+ * types' dealloc.
  *
  * _hotpath.c makes StepRecord objects on the training thread; _rows.c reads them on the worker's
  * thread (the rows of gpulse.training.plans), so both need the one struct. _rows finds the type
- * itself by importing gpulse.training._hotpath (a module of its own: either may be built alone).
+ * by importing gpulse.training._hotpath at load: without that module it does not load either.
  */
 #ifndef GPULSE_RECORD_H
 #define GPULSE_RECORD_H
@@ -20,6 +21,19 @@ typedef struct {
 /* the object fields (the two times are members of their own) */
 #define RECORD_FIELDS(X) \
     X(comm_ns) X(gpu_pairs) X(inflight_ns) X(logs) X(memory) X(phases) X(samples) X(step) X(tokens) X(wait_ns)
+
+/* Untrack a tuple that refers to no tracked object (names and numbers: a step's phases, a row): it is
+ * in no cycle, as CPython reasons when a collection first looks at a tuple (_PyTuple_MaybeUntrack);
+ * done at once, no collection traverses it while it waits for the worker, the agent or the report. */
+static inline void
+untrack_plain(PyObject *tuple)
+{
+    Py_ssize_t i;
+    for (i = 0; i < PyTuple_GET_SIZE(tuple); i++)
+        if (PyObject_GC_IsTracked(PyTuple_GET_ITEM(tuple, i)))
+            return;
+    PyObject_GC_UnTrack(tuple);
+}
 
 /* Every heap type's tp_dealloc: untrack, drop the references (its tp_clear), free, and release the
  * heap type (for a Python subclass too: subtype_dealloc leaves that to a heap base type). */

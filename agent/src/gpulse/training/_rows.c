@@ -287,6 +287,7 @@ plan_row(PlanObject *p, PyObject *obj, long long off)
             PUT_REF(value);
     }
     PyTuple_SET_ITEM(row, k++, end_ns); /* the timestamp, last: end_ns's own reference */
+    untrack_plain(row); /* numbers: kept by the report and the client, never traversed */
     return row;
 fail:
     Py_DECREF(end_ns);
