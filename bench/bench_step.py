@@ -21,7 +21,7 @@ calls: the instrumented loop must make none (the CPU build of torch cannot repor
 synchronisations any other way).
 
 Only ``Run``'s public API is used, so the same file measures an older checkout of gpulse
-(run it with that checkout's interpreter).
+(run it with that checkout's interpreter); its last line says which parts it ran in C.
 """
 
 from __future__ import annotations
@@ -193,14 +193,25 @@ def overhead(socket_path: str, out: Path, steps: int, reps: int) -> Overhead:
 
 
 def _hot_path() -> str:
-    """Which phase timer the checkout measured uses: the C one (``gpulse.training._hotpath``, where
-    built) or Python (not built, or a checkout from before it existed)."""
+    """What the measured checkout runs in C: the training thread's hot path (``gpulse.training._hotpath``)
+    and the worker's step rows (``gpulse.training._rows``), where built; else Python (not built, or a
+    checkout from before they existed)."""
     try:
         from gpulse.training import step
     except ImportError:  # a checkout from before gpulse.training.step
         return "Python"
     base = getattr(step, "PhaseBase", None)
-    return "C (gpulse.training._hotpath)" if base is not None and base.__module__.endswith("_hotpath") else "Python"
+    hot = base is not None and base.__module__.endswith("_hotpath")
+    try:
+        from gpulse.training import plans
+
+        rows = getattr(plans, "RowPlan", None).__module__.endswith("_rows")  # type: ignore[union-attr]
+    except (ImportError, AttributeError):  # a checkout from before plans.RowPlan
+        rows = False
+    return ", ".join(
+        (f"training thread: {'C (gpulse.training._hotpath)' if hot else 'Python'}",
+         f"step rows: {'C (gpulse.training._rows)' if rows else 'Python'}")
+    )  # fmt: skip
 
 
 @contextmanager
@@ -268,7 +279,7 @@ def run(table: Table) -> dict[str, float]:
         f"{GC.full - gc_full} full collections (each tens of ms with torch's objects in the heap; the bare loops make no garbage)",
     )
     table.add("torch.cuda.synchronize calls in the instrumented loops", str(sync_calls), goal="0")
-    table.add("phase timer and timed loader measured above", _hot_path())
+    table.add("hot paths measured above", _hot_path())
     if sync_calls:
         raise RuntimeError("gpulse.training synchronised CUDA on the hot path")
     return {
