@@ -37,7 +37,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from common import Table, scale
 
@@ -128,9 +128,66 @@ class _GcClock:
 GC = _GcClock()
 
 
-def _paired(run: Run, loader: list[int], bare_first: bool) -> tuple[int, int, int, int]:
-    """(instrumented wall, instrumented CPU, bare wall, bare CPU) in ns over ``loader``, run in
-    alternating blocks of :data:`BLOCK` steps."""
+def _loop_floor(noop: Any, loader: list[int]) -> None:
+    """The instrumented loop's statements on C objects that do next to nothing: what any
+    instrumentation of this shape (four ``with``, two keyword calls, three lookups, an iterator)
+    costs the training thread here, gpulse's work aside."""
+    acc = 0
+    steps = noop.steps
+    for batch in iter(loader):
+        with noop.step(steps=steps, name="step"):
+            with noop.phase("forward"):
+                acc += batch
+                time.sleep(WORK_S)
+            with noop.phase("backward"):
+                pass
+            with noop.phase("optimizer"):
+                pass
+        noop.log(step=0.5)
+
+
+class _Noop(NamedTuple):
+    """:func:`_loop_floor`'s objects, all C: ``step`` makes a phase timer of a recorder in which no
+    step is open (its ``__enter__`` and ``__exit__`` check one flag: a no-op), which allocates, where
+    ``run.step()`` does not, so the floor is if anything a little high; ``phase`` looks up such timers
+    in a dict; ``log`` is the recorder's ``prepare`` (it sets three fields)."""
+
+    steps: Any
+    step: Any
+    phase: Any
+    log: Any
+
+    @classmethod
+    def make(cls) -> _Noop | None:
+        """``None`` for a checkout without gpulse's C hot path."""
+        try:
+            from gpulse.training._hotpath import PhaseBase
+            from gpulse.training.errors import Guard
+            from gpulse.training.step import StepRecorder
+        except ImportError:
+            return None
+        steps = StepRecorder(Guard(), 10)
+        phases = {name: PhaseBase(steps, name) for name in ("forward", "backward", "optimizer")}
+        return cls(steps, PhaseBase, phases.__getitem__, steps.prepare)
+
+
+def floor(steps: int, reps: int) -> Spread | None:
+    """:func:`_loop_floor`'s training-thread CPU beyond the bare loop, µs per step (median and range)."""
+    noop = _Noop.make()
+    if noop is None:
+        return None
+    loader = list(range(steps))
+    cpu = []
+    for rep in range(reps + 1):
+        _, ic, _, bc = _paired(_loop_floor, noop, loader, bare_first=rep % 2 == 0)
+        if rep:
+            cpu.append((ic - bc) / steps / 1000)
+    return Spread.of(cpu)
+
+
+def _paired(loop: Any, arg: Any, loader: list[int], bare_first: bool) -> tuple[int, int, int, int]:
+    """(``loop`` wall, ``loop`` CPU, bare wall, bare CPU) in ns over ``loader``, run in alternating
+    blocks of :data:`BLOCK` steps."""
     iw = ic = bw = bc = 0
     for k, start in enumerate(range(0, len(loader), BLOCK)):
         block = loader[start : start + BLOCK]
@@ -138,7 +195,7 @@ def _paired(run: Run, loader: list[int], bare_first: bool) -> tuple[int, int, in
         if first_bare:
             w, c = _timed(_loop_bare, block)
             bw, bc = bw + w, bc + c
-        w, c = _timed(_loop_instrumented, run, block)
+        w, c = _timed(loop, arg, block)
         iw, ic = iw + w, ic + c
         if not first_bare:
             w, c = _timed(_loop_bare, block)
@@ -179,7 +236,7 @@ def overhead(socket_path: str, out: Path, steps: int, reps: int) -> Overhead:
     total_ns = 0
     for rep in range(reps + 1):
         b0 = clock.ns()
-        iw, ic, bw, bc = _paired(run, loader, bare_first=rep % 2 == 0)
+        iw, ic, bw, bc = _paired(_loop_instrumented, run, loader, bare_first=rep % 2 == 0)
         b1 = clock.ns()
         total_ns += b1 - b0
         if rep:  # the first repetition warms up
@@ -255,6 +312,8 @@ def run(table: Table) -> dict[str, float]:
             listening = overhead(sock, Path(tmp) / "a", steps, reps)
         absent = overhead(os.path.join(tmp, "nobody", "agent.sock"), Path(tmp) / "b", steps, reps)
         recorded = any((Path(tmp) / "b").glob("gpulse-records.*"))  # .lp before the rows lines, .rec since
+    gc_after = GC.total()
+    statements = floor(steps, reps)
 
     for name, o, note in (("listening", listening, ""), ("absent", absent, f"; fallback file written: {recorded}")):
         table.add(
@@ -271,10 +330,16 @@ def run(table: Table) -> dict[str, float]:
             f"{o.background_total:.2f} µs/step over the run's life, finish() included",
             "<= 5 µs",
         )
+    table.add(
+        "of which the loop's own statements: the same loop on C objects that do nothing (µs/step, median (range))",
+        str(statements) if statements is not None else "n/a (no C hot path in this checkout)",
+        "the same bare loop",
+        "four with, two keyword calls, three lookups, an iterator: the floor of any instrumentation of this shape",
+    )
     measured = 2 * (reps + 1) * steps
     table.add(
         "garbage collection in this section, left out of the figures above (µs per instrumented step)",
-        f"{(GC.total() - gc_ns) / measured / 1000:.2f}",
+        f"{(gc_after - gc_ns) / measured / 1000:.2f}",
         "",
         f"{GC.full - gc_full} full collections (each tens of ms with torch's objects in the heap; the bare loops make no garbage)",
     )
@@ -287,6 +352,7 @@ def run(table: Table) -> dict[str, float]:
         "step_overhead_us_agent_absent": round(absent.cpu.median, 3),
         "step_background_cpu_us": round(listening.background_total, 3),
         "step_background_cpu_us_agent_absent": round(absent.background_total, 3),
+        **({"step_statements_floor_us": round(statements.median, 3)} if statements is not None else {}),
     }
 
 

@@ -15,7 +15,7 @@ the plan fits, and takes them off it, so that a slice of alike steps costs the w
 :data:`RowPlan` is the C one (``gpulse/training/_rows.c``, built with the hot path:
 ``agent/setup.py``) where built, else :class:`PyRowPlan`, which :func:`compile_plan` writes in Python
 (as ``dataclasses`` and ``namedtuple`` write theirs); one test suite runs against both
-(``tests/training/test_plans.py``).
+(``agent/tests/training/test_plans.py``).
 """
 
 from __future__ import annotations
