@@ -9,6 +9,11 @@ records to its fallback file). Two figures per case, each with its spread over r
   (``pthread_getcpuclockid``) over the repetitions, plus the ``finish()`` that sends or records
   what is left: all the work a step causes besides the training thread's.
 
+Two more lines put them in proportion: the **floor** (:func:`floor`), the same loop's statements
+on C objects that do next to nothing, measured the same way, which no instrumentation of this shape
+can go below; and the **hot** figures (:func:`hot`), gpulse's step and the floor with nothing
+between the steps, on warm caches, where the loop's figures pay for cold ones after each wait.
+
 Noise: the bare and the instrumented loop run in one process, interleaved in blocks of
 :data:`BLOCK` steps (a bare block, an instrumented block, their order alternating), so that what
 drifts on this kind of machine (a VM: each 1 ms sleep alone costs the thread 17-24 µs of CPU,
@@ -73,20 +78,20 @@ class Overhead(NamedTuple):
     background_total: float
 
 
-def _loop_bare(loader: list[int]) -> None:
+def _loop_bare(loader: list[int], wait: Any = time.sleep) -> None:
     acc = 0
     for batch in loader:
         acc += batch
-        time.sleep(WORK_S)
+        wait(WORK_S)
 
 
-def _loop_instrumented(run: Run, loader: list[int]) -> None:
+def _loop_instrumented(run: Run, loader: list[int], wait: Any = time.sleep) -> None:
     acc = 0
     for batch in run.wrap_loader(loader):
         with run.step(samples=32, tokens=32 * 2048):
             with run.phase("forward"):
                 acc += batch
-                time.sleep(WORK_S)
+                wait(WORK_S)
             with run.phase("backward"):
                 pass
             with run.phase("optimizer"):
@@ -128,7 +133,7 @@ class _GcClock:
 GC = _GcClock()
 
 
-def _loop_floor(noop: Any, loader: list[int]) -> None:
+def _loop_floor(noop: Any, loader: list[int], wait: Any = time.sleep) -> None:
     """The instrumented loop's statements on C objects that do next to nothing: what any
     instrumentation of this shape (four ``with``, two keyword calls, three lookups, an iterator)
     costs the training thread here, gpulse's work aside."""
@@ -138,7 +143,7 @@ def _loop_floor(noop: Any, loader: list[int]) -> None:
         with noop.step(steps=steps, name="step"):
             with noop.phase("forward"):
                 acc += batch
-                time.sleep(WORK_S)
+                wait(WORK_S)
             with noop.phase("backward"):
                 pass
             with noop.phase("optimizer"):
@@ -183,6 +188,30 @@ def floor(steps: int, reps: int) -> Spread | None:
         if rep:
             cpu.append((ic - bc) / steps / 1000)
     return Spread.of(cpu)
+
+
+def _no_wait(_seconds: float) -> None:
+    """The hot figures' GPU wait: none, so that each step runs on the caches the previous one left."""
+
+
+def hot(out: Path, blocks: int) -> tuple[float, float | None]:
+    """(gpulse's step, the floor's statements or ``None`` without a C hot path): training-thread CPU
+    per step beyond the bare loop with nothing between the steps, the best of ``blocks`` blocks of
+    1,000 steps of each, in turn. Warm caches: the loop figures above pay for cold ones after each
+    wait, which is most of what they measure on a shared VM. Agent absent (the run records)."""
+    loader = list(range(1_000))
+    noop = _Noop.make()
+    run = Run(name="bench-hot", output_dir=out, socket_path=str(out / "nobody.sock"), write_report=False)
+    best = {"bare": float("inf"), "step": float("inf"), "floor": float("inf")}
+    try:
+        for _ in range(blocks):
+            for name, loop, args in (("bare", _loop_bare, ()), ("step", _loop_instrumented, (run,)),
+                                     ("floor", _loop_floor, (noop,) if noop else None)):  # fmt: skip
+                if args is not None:
+                    best[name] = min(best[name], _timed(loop, *args, loader, _no_wait)[1] / len(loader) / 1000)
+    finally:
+        run.finish()
+    return best["step"] - best["bare"], best["floor"] - best["bare"] if noop else None
 
 
 def _paired(loop: Any, arg: Any, loader: list[int], bare_first: bool) -> tuple[int, int, int, int]:
@@ -314,6 +343,8 @@ def run(table: Table) -> dict[str, float]:
         recorded = any((Path(tmp) / "b").glob("gpulse-records.*"))  # .lp before the rows lines, .rec since
     gc_after = GC.total()
     statements = floor(steps, reps)
+    with tempfile.TemporaryDirectory() as tmp:
+        hot_step, hot_floor = hot(Path(tmp), scale(30, 5))
 
     for name, o, note in (("listening", listening, ""), ("absent", absent, f"; fallback file written: {recorded}")):
         table.add(
@@ -336,6 +367,13 @@ def run(table: Table) -> dict[str, float]:
         "the same bare loop",
         "four with, two keyword calls, three lookups, an iterator: the floor of any instrumentation of this shape",
     )
+    hot_floor_text = f"{hot_floor:.3f}" if hot_floor is not None else "n/a (no C hot path)"
+    table.add(
+        "hot, nothing between the steps (µs/step, training thread CPU, best of blocks of 1,000): gpulse's step",
+        f"{hot_step:.3f}",
+        "the same bare loop",
+        f"the floor's statements: {hot_floor_text} (warm caches: the figures above pay for cold ones after each wait)",
+    )
     measured = 2 * (reps + 1) * steps
     table.add(
         "garbage collection in this section, left out of the figures above (µs per instrumented step)",
@@ -353,6 +391,8 @@ def run(table: Table) -> dict[str, float]:
         "step_background_cpu_us": round(listening.background_total, 3),
         "step_background_cpu_us_agent_absent": round(absent.background_total, 3),
         **({"step_statements_floor_us": round(statements.median, 3)} if statements is not None else {}),
+        "step_hot_us": round(hot_step, 3),
+        **({"step_statements_floor_hot_us": round(hot_floor, 3)} if hot_floor is not None else {}),
     }
 
 

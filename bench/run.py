@@ -42,6 +42,8 @@ KEYS = (
     "step_background_cpu_us",
     "step_background_cpu_us_agent_absent",
     "step_statements_floor_us",
+    "step_hot_us",
+    "step_statements_floor_hot_us",
     "ingest_records_per_s",
     "e2e_ratio_vs_bulk_post",
     "agent_rss_mib_start",
