@@ -382,12 +382,17 @@ Record_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-/* Untrack a record that refers to no tracked object (untrack_plain's reasoning, _record.h): a plain
- * step's record (ints, a tuple of names and ints, a dict of floats) is then neither traversed by each
- * collection while it waits in the queue (a second's steps) nor, surviving two, promoted to the
- * oldest generation, whose growth brings on full collections, tens of ms each with torch's objects
- * in the heap (BENCHMARKS.md). A record whose step logged a container stays tracked, and one given a
- * tracked value later is tracked again (Record_setattro). */
+/* Untrack a record that refers to no tracked object: a plain step's record (ints, a tuple of names
+ * and ints, a dict of floats) is then neither traversed by each collection while it waits in the queue
+ * (a second's steps) nor, surviving two, promoted to the oldest generation, whose growth brings on full
+ * collections, tens of ms each with torch's objects in the heap (BENCHMARKS.md). A record whose step
+ * logged a container stays tracked, and one given a tracked value later is tracked again
+ * (Record_setattro).
+ * Unlike untrack_plain (CPython's rule), this trusts the present state of the record's dicts (logs,
+ * memory), which CPython would count as "may be tracked later": a logged step's dict of floats would
+ * otherwise keep every such record tracked. That holds because nothing adds to a record's dicts once it
+ * is handed over: the CUDA hook's copies (cuda.py, copy_logs) are in before this runs, and the worker
+ * only deletes from them (worker.py, the steps whose copies did not complete). */
 static void
 maybe_untrack(RecordObject *rec)
 {

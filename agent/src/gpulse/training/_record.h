@@ -22,16 +22,20 @@ typedef struct {
 #define RECORD_FIELDS(X) \
     X(comm_ns) X(gpu_pairs) X(inflight_ns) X(logs) X(memory) X(phases) X(samples) X(step) X(tokens) X(wait_ns)
 
-/* Untrack a tuple that refers to no tracked object (names and numbers: a step's phases, a row): it is
- * in no cycle, as CPython reasons when a collection first looks at a tuple (_PyTuple_MaybeUntrack);
- * done at once, no collection traverses it while it waits for the worker, the agent or the report. */
+/* Untrack a tuple that can be in no cycle (names and numbers: a step's phases, a row), by CPython's
+ * own rule when a collection first looks at a tuple (Objects/tupleobject.c, _PyTuple_MaybeUntrack, with
+ * _PyObject_GC_MAY_BE_TRACKED): no item may be tracked, and only an untracked exact tuple counts as
+ * untracked for good (a dict or list may be tracked later). Done at once, no collection traverses the
+ * tuple while it waits for the worker, the agent or the report. */
 static inline void
 untrack_plain(PyObject *tuple)
 {
     Py_ssize_t i;
-    for (i = 0; i < PyTuple_GET_SIZE(tuple); i++)
-        if (PyObject_GC_IsTracked(PyTuple_GET_ITEM(tuple, i)))
+    for (i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, i);
+        if (PyObject_IS_GC(item) && (!PyTuple_CheckExact(item) || PyObject_GC_IsTracked(item)))
             return;
+    }
     PyObject_GC_UnTrack(tuple);
 }
 

@@ -82,10 +82,12 @@ class PyStepBase:
     ``StepBase`` does in C, line for line (used where that was not built, and by the tests).
 
     ``prepare`` is ``run.step(...)``, ``log`` is ``run.log(...)``; ``__enter__`` and ``__exit__``
-    begin and end a step. One difference, for the garbage collector only: the C ``hand_over`` untracks a
-    record that refers to no tracked object (``maybe_untrack`` in ``_hotpath.c``), which Python cannot. What only integrations and CUDA runs need is :class:`Recorder`'s, put over
+    begin and end a step. What only integrations and CUDA runs need is :class:`Recorder`'s, put over
     this class, called through its hooks only when ``extras`` is set (and ``check_cuda`` when a
-    check is due), so that a plain step never leaves this code."""
+    check is due), so that a plain step never leaves this code.
+
+    One difference, for the garbage collector only: the C ``hand_over`` untracks a record that refers
+    to no tracked object (``maybe_untrack`` in ``_hotpath.c``), which Python cannot."""
 
     def __init__(self, max_queue: int) -> None:
         self.queue: deque[QueueItem] = deque()
