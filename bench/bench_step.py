@@ -202,16 +202,18 @@ def hot(out: Path, blocks: int) -> tuple[float, float | None]:
     loader = list(range(1_000))
     noop = _Noop.make()
     run = Run(name="bench-hot", output_dir=out, socket_path=str(out / "nobody.sock"), write_report=False)
-    best = {"bare": float("inf"), "step": float("inf"), "floor": float("inf")}
+    loops: dict[Any, tuple[Any, ...]] = {_loop_bare: (), _loop_instrumented: (run,)}
+    if noop is not None:
+        loops[_loop_floor] = (noop,)
+    best = dict.fromkeys(loops, float("inf"))
     try:
         for _ in range(blocks):
-            for name, loop, args in (("bare", _loop_bare, ()), ("step", _loop_instrumented, (run,)),
-                                     ("floor", _loop_floor, (noop,) if noop else None)):  # fmt: skip
-                if args is not None:
-                    best[name] = min(best[name], _timed(loop, *args, loader, _no_wait)[1] / len(loader) / 1000)
+            for loop, args in loops.items():
+                best[loop] = min(best[loop], _timed(loop, *args, loader, _no_wait)[1] / len(loader) / 1000)
     finally:
         run.finish()
-    return best["step"] - best["bare"], best["floor"] - best["bare"] if noop else None
+    bare = best[_loop_bare]
+    return best[_loop_instrumented] - bare, best[_loop_floor] - bare if noop is not None else None
 
 
 def _paired(loop: Any, arg: Any, loader: list[int], bare_first: bool) -> tuple[int, int, int, int]:
