@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.influxd import free_port
 
 FIRST_SCREEN_LINES = 40
 
@@ -153,9 +153,7 @@ def test_make_venv_takes_torch_s_cpu_build_where_its_index_answers(clone: Path, 
 
 def test_make_venv_falls_back_to_the_configured_index_and_says_what_that_means(clone: Path, tmp_path: Path) -> None:
     """Where only the configured index is reachable (this machine reaches only its own PyPI mirror)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once the socket is closed
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     out, pips = _venv_sh(clone, tmp_path, closed)
     assert out.returncode == 0, out.stdout + out.stderr
     assert pips[0] == "-m pip install --progress-bar on torch==2.13.0"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,28 +21,71 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default low end
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, below the kernel's ephemeral range, never one given twice.
+
+    Why not ``bind(("127.0.0.1", 0))``: that port comes from the ephemeral range
+    (``ip_local_port_range``, 32768-60999 here), which the kernel also gives every outgoing
+    connection. Between our probe closing it and influxd binding it, one of the suite's own
+    connections took it once in CI (stop 24: ``listen tcp 127.0.0.1:35371: bind: address already
+    in use``). Below that range only explicit binds land, and this process hands each port out once.
+    """
+    low = _ephemeral_low()
+    pool = range(max(1024, low - 16384), low)
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.choice(pool)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free loopback port in {pool.start}-{pool.stop - 1} after 200 tries")
 
 
 def influxd_path() -> str | None:
     return shutil.which("influxd") or (os.path.exists("/usr/bin/influxd") and "/usr/bin/influxd") or None
 
 
+class PortTaken(RuntimeError):
+    """influxd exited because a port we chose was bound by someone else in the meantime."""
+
+
 class InfluxDB1:
     def __init__(self, root: Path, *, auth: bool = False, max_body_size: int = 25_000_000) -> None:
         self.root = Path(root)
-        self.port = free_port()
-        self.rpc_port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.auth = auth
+        self.max_body_size = max_body_size
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.root / "influxd.log"
         self.config = self.root / "influxdb.conf"
+        self.started_once = False
         (self.root / "meta").mkdir(parents=True, exist_ok=True)
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        self.port = free_port()
+        self.rpc_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        auth, max_body_size = self.auth, self.max_body_size
         self.config.write_text(
             f"""reporting-enabled = false
 bind-address = "127.0.0.1:{self.rpc_port}"
@@ -73,18 +117,43 @@ bind-address = "127.0.0.1:{self.rpc_port}"
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> InfluxDB1:
+        """Start influxd and wait for ``/ping``.
+
+        The first start takes other ports if another process bound ours first; a restart keeps
+        them, because the test's clients hold the URL, and says so if they were taken.
+        """
+        for _ in range(3):
+            try:
+                return self._start_once(timeout)
+            except PortTaken:
+                if self.started_once:
+                    raise
+                self._choose_ports()
+        return self._start_once(timeout)
+
+    def _start_once(self, timeout: float) -> InfluxDB1:
         exe = influxd_path()
         if exe is None:
             raise RuntimeError("influxd not found: apt-get install -y influxdb (the CI script does)")
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([exe, "-config", str(self.config)], stdout=log, stderr=log, start_new_session=True)
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [exe, "-config", str(self.config)], stdout=log, stderr=log, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"influxd exited: {self.log_path.read_text()[-2000:]}")
+                self.proc = None
+                with open(self.log_path, "rb") as f:
+                    f.seek(log_start)
+                    tail = f.read().decode(errors="replace")
+                if "address already in use" in tail:
+                    raise PortTaken(f"influxd could not bind {self.url} or its RPC port: {tail[-300:]}")
+                raise RuntimeError(f"influxd exited: {tail[-2000:]}")
             try:
                 with urllib.request.urlopen(f"{self.url}/ping", timeout=1) as r:
                     if r.status == 204:
+                        self.started_once = True
                         return self
             except (urllib.error.URLError, ConnectionError, OSError):
                 time.sleep(0.1)
