@@ -25,7 +25,10 @@ def test_free_ports_lie_below_the_ephemeral_range_and_are_never_given_twice() ->
 
 
 def _occupy(port: int) -> socket.socket:
+    """A listener on ``port``; ``SO_REUSEADDR`` so that the stopped influxd's closed connections in
+    TIME_WAIT on it do not refuse our bind (as they do not refuse influxd's: Go sets it too)."""
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", port))
     s.listen()
     return s
