@@ -85,7 +85,6 @@ class InfluxDB1:
         self.port = free_port()
         self.rpc_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        auth, max_body_size = self.auth, self.max_body_size
         self.config.write_text(
             f"""reporting-enabled = false
 bind-address = "127.0.0.1:{self.rpc_port}"
@@ -105,9 +104,9 @@ bind-address = "127.0.0.1:{self.rpc_port}"
   run-interval = "1s"
 [http]
   bind-address = "127.0.0.1:{self.port}"
-  auth-enabled = {"true" if auth else "false"}
+  auth-enabled = {"true" if self.auth else "false"}
   log-enabled = false
-  max-body-size = {max_body_size}
+  max-body-size = {self.max_body_size}
 [retention]
   enabled = false
 [subscriber]
