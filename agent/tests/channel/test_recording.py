@@ -141,8 +141,8 @@ def test_a_damaged_point_line_is_named_by_its_number(tmp_path: Path) -> None:
 
 
 def test_writing_a_recording_imports_no_line_protocol_code() -> None:
-    """Importing it cost ~20 ms of CPU, on the run's background thread with the GIL held: the training
-    loop stood still that long at a run's first recording. Only reading the file needs the encoder."""
+    """Importing it costs CPU on the run's background thread with the GIL held: the training loop
+    would stand still that long at a run's first recording. Only reading the file needs the encoder."""
     code = (
         "import sys, tempfile, os\n"
         "from gpulse.channel import protocol\n"
