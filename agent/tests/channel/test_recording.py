@@ -2,7 +2,7 @@
 back (by ``gpulse upload`` and ``gpulse report --from-file``) as the very lines the agent's encoder
 writes for them (gpulse's parser and a real InfluxDB 1.x agree); a damaged line is named and the
 rest still read; a full disk never leaves half a line (a real 64 KiB tmpfs, ``support/tmpfs.py``);
-writing imports no line-protocol code (a run without an agent paid ~20 ms of GIL for it)."""
+writing imports no line-protocol code (a run without an agent would pay its import with the GIL held)."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def client_address(pid: int | None = None) -> str:
 
 # -- messages ---------------------------------------------------------------------------------------
 class _Message:
-    """Slotted message types (not dataclasses: ``dataclasses`` would add ~13 ms to ``import gpulse.training``)."""
+    """Slotted message types (not dataclasses: importing ``dataclasses`` would slow ``import gpulse.training``)."""
 
     __slots__ = ()
 

@@ -201,7 +201,7 @@ class TrainingReceiver:
             try:
                 ready, _, _ = select.select([sock], [], [], ACK_INTERVAL_S)
                 if ready:
-                    # Drain what is queued, but return to acks and liveness at least every ~100 ms.
+                    # Drain what is queued, but return to acks and liveness at least every ACK_INTERVAL_S.
                     deadline = time.monotonic() + ACK_INTERVAL_S
                     while time.monotonic() < deadline:
                         try:

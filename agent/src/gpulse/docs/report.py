@@ -66,7 +66,7 @@ Override any of them with `--threshold name=value` (repeatable) or `build_report
 
 
 def render_markdown() -> str:
-    """``docs/report.md``, from :class:`~gpulse.report.diagnose.Thresholds` and :data:`~gpulse.report.diagnose.RULES` (a test keeps the file equal to this)."""
+    """``docs/report.md``: the intro, then the thresholds and the rules, each in registry order."""
     rows = [f"| `{t.name}` | {t.default:g} | {t.unit} | {t.doc} |" for t in THRESHOLDS.values()]
     rules = [
         f"| `{r.id}` | {r.title} | {', '.join(f'`{t}`' for t in r.thresholds)} | "
