@@ -3,9 +3,10 @@
 The training client (``gpulse.training.client``) builds :class:`Point`, :class:`StepRows`,
 :class:`Register` and :class:`Unregister` and encodes them here; ``gpulse status`` sends a :class:`StatusRequest`. The
 agent's receiver answers with :class:`Ack` and :class:`StatusReply`, which the clients decode here
-(:func:`decode_reply`). What the agent receives is checked once, in :mod:`gpulse.channel.validate`,
-which turns it back into these types. Standard library only, so that importing the training library
-stays cheap.
+(:func:`decode_reply`). The agent decodes what it receives here too (:func:`decode_json`, and
+:func:`decode_rows` beside :func:`encode_rows`, so that the two directions of the rows format are read
+together) and checks it once, in :mod:`gpulse.channel.validate`, which turns it back into these
+types. Standard library only, so that importing the training library stays cheap.
 
 A datagram is UTF-8 JSON: one message object, or ``{"v": 1, "batch": [msg, ...]}``; or a rows
 datagram (step points: a JSON header, then packed numbers, :func:`encode_rows`). Every message
