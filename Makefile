@@ -48,7 +48,7 @@ format: $(STAMP)
 
 generate: $(STAMP)
 	$(PY) -m gpulse schema > docs/schema.md
-	$(PY) -m gpulse.report.diagnose > docs/report.md
+	$(PY) -m gpulse.docs.report > docs/report.md
 	$(PY) -m gpulse.cli.configdoc > docs/configuration.md
 	$(PY) -m gpulse.influx.downsample --write influxdb
 	$(PY) -m gpulse.dashboards .
