@@ -14,7 +14,7 @@ def render_markdown() -> str:
     out = [
         "# gpulse data model",
         "",
-        "Generated from `agent/src/gpulse/schema.py` by `python -m gpulse.schema`; a test fails when this file differs.",
+        "Generated from `agent/src/gpulse/schema.py` by `gpulse schema` (`make generate`); a test fails when this file differs.",
         "",
         "Types are InfluxDB line-protocol types: `int` is written with the `i` suffix (never `u`), `float` as a decimal.",
         "Kinds: **gauge** fields are downsampled to mean (same name) plus `_max` and `_min`; **counter** fields to "
