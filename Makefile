@@ -4,13 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gpulse-installed
 
-.PHONY: help venv test lint format generate bench up down demo e2e gpu-check gpu-wheels clean
+.PHONY: help venv test lint format generate bench up down demo e2e gpu-check gpu-wheels clean backup-grafana
 
 help:
 	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
 	@echo "make test      install what the tests need (venv with CPU torch, influxd, chromium, node) and run them all"
 	@echo "make demo      fill the stack with a simulated 8-GPU node and training run (no Docker: a local demo)"
 	@echo "make down      stop the stack (data stays in the Docker volumes)"
+	@echo "make backup-grafana  copy the grafana-data volume to backups/ (before a Grafana major upgrade)"
 	@echo "make lint      ruff"
 	@echo "make bench     benchmarks (figures side by side with baselines)"
 	@echo "make generate  regenerate docs/schema.md, dashboards and Flux tasks from the code"
@@ -32,6 +33,9 @@ demo:
 
 down:
 	docker compose down
+
+backup-grafana:
+	@bash scripts/backup-grafana.sh
 
 test: $(STAMP)
 	@bash scripts/test-tools.sh
