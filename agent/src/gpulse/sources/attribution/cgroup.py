@@ -3,7 +3,7 @@
 The cgroup path is set by the scheduler's root daemon, not by the job, so it is the attribution a
 job cannot forge. Layouts recognised (sources in ``/work/shared/research/live-and-fleet-anchors.md`` B2):
 
-* Slurm, cgroup v2 (``src/plugins/cgroup/v2/cgroup_v2.c``): ``…/slurmstepd.scope/<JOBDIR>/step_<id>/user/task_<n>``,
+* Slurm, cgroup v2 (``src/plugins/cgroup/v2/cgroup_v2.c``): ``…/[<node>_]slurmstepd.scope/<JOBDIR>/step_<id>/user/task_<n>``,
   where ``<JOBDIR>`` is ``job_<id>`` up to 25.x and the job's SLUID (``s`` and 13 characters,
   e.g. ``s5K1KKYAYG5D00``) from 26.05; the SLUID maps to the job id through ``SLURM_JOB_SLUID``.
 * Slurm, cgroup v1 (``src/plugins/cgroup/v1/xcgroup.c``): ``/<prepend, /slurm or /slurm_<node>>/uid_<uid>/job_<id>/step_<id>/task_<n>``.
@@ -48,7 +48,7 @@ class Attribution:
     namespace: str | None = None
 
 
-_SLURM_V2 = re.compile(r"/slurmstepd\.scope/(?:job_(?P<job>\d+)|(?P<sluid>s[0-9A-Z]{13}))/step_(?P<step>[^/]+)(?:/|$)")
+_SLURM_V2 = re.compile(r"/(?:[^/]+_)?slurmstepd\.scope/(?:job_(?P<job>\d+)|(?P<sluid>s[0-9A-Z]{13}))/step_(?P<step>[^/]+)(?:/|$)")
 _SLURM_V1 = re.compile(r"/slurm(?:_[^/]+)?/uid_(?P<uid>\d+)/job_(?P<job>\d+)(?:/step_(?P<step>[^/]+))?(?:/|$)")
 _POD_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
 _K8S_SYSTEMD = re.compile(
