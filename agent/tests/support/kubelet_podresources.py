@@ -72,15 +72,15 @@ class Kubelet:
         stand_in = self
 
         class Servicer(grpc_mod.PodResourcesListerServicer):
-            def List(self, request, context):  # noqa: N802 - the kubelet's method name
+            def List(self, request, context):
                 stand_in._count("List")
                 return stand_in.pb.ListPodResourcesResponse(pod_resources=[stand_in._pod(p) for p in stand_in.pods])
 
-            def GetAllocatableResources(self, request, context):  # noqa: N802
+            def GetAllocatableResources(self, request, context):
                 stand_in._count("GetAllocatableResources")
                 return stand_in.pb.AllocatableResourcesResponse(devices=stand_in._devices(stand_in.allocatable))
 
-            def Get(self, request, context):  # noqa: N802
+            def Get(self, request, context):
                 stand_in._count("Get")
                 context.abort(grpc.StatusCode.UNIMPLEMENTED, "PodResources API Get method disabled")
 

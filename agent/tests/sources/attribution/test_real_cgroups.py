@@ -10,22 +10,16 @@ describer, encoder, delivery, record sink) samples them for a few cycles.
 
 from __future__ import annotations
 
-import argparse
-import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import cgroups
-from support.fake_pynvml import FakeNvml, h100
+from support.fake_pynvml import h100
+from support.nvml_agent import newest_tags, record_agent
 
-from gpulse.agent.config import load_config
-from gpulse.agent.loop import Agent
-from gpulse.cli.commands import agent as agent_cmd
-from gpulse.lineprotocol.parse import Point, parse_line
 from gpulse.sources.attribution.podresources import PodResources
-from gpulse.sources.nvml.source import NvmlSource
 from gpulse.sources.processes import ProcessDescriber
 
 pytestmark = pytest.mark.skipif(cgroups.unavailable() is not None, reason=str(cgroups.unavailable()))
@@ -49,26 +43,6 @@ def slurm_env(job: str, **more: str) -> dict[str, str]:
     return {"SLURM_JOB_ID": job, "SLURM_JOB_ACCOUNT": f"acct-{job}", "SLURM_JOB_PARTITION": "gpu", **more}
 
 
-def run_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: list, describer: ProcessDescriber) -> list[Point]:
-    fake = FakeNvml.install(monkeypatch, gpus=gpus)
-    parser = argparse.ArgumentParser()
-    agent_cmd.add_arguments(parser)
-    args = parser.parse_args(["--record", str(tmp_path / "r.lp"), "--no-socket", "--interval", "0.25",
-                              "--duration", "1.6", "--spool-dir", str(tmp_path / "spool"), "--host", "node-a"])  # fmt: skip
-    source = NvmlSource(events=False, process_interval_s=0.5, describer=describer)
-    assert Agent(load_config(args), source=source, stream=io.StringIO(), tty=False).run() == 0
-    fake.check()
-    return [parse_line(line) for line in (tmp_path / "r.lp").read_text().splitlines()]
-
-
-def latest(points: list[Point], measurement: str) -> dict[str, dict[str, str]]:
-    """The tags of the newest point of ``measurement`` per GPU index."""
-    out: dict[str, dict[str, str]] = {}
-    for p in sorted((p for p in points if p.measurement == measurement), key=lambda p: p.ts):
-        out[p.tags["gpu"]] = dict(p.tags)
-    return out
-
-
 def test_each_gpu_process_and_its_gpu_carry_the_job_the_kernel_put_it_in(tree, tmp_path, monkeypatch):
     v2, v1 = cgroups.v2_root(), cgroups.v1_root()
     assert v2 is not None and v1 is not None
@@ -90,9 +64,9 @@ def test_each_gpu_process_and_its_gpu_carry_the_job_the_kernel_put_it_in(tree, t
     gpus.append(h100(len(procs)))  # nobody's GPU
     describer = ProcessDescriber(pods=PodResources(str(tmp_path / "no-kubelet.sock")))
 
-    points = run_agent(tmp_path, monkeypatch, gpus, describer)
+    points = record_agent(tmp_path, monkeypatch, gpus, describer)
 
-    processes = latest(points, "gpu_process")
+    processes = newest_tags(points, "gpu_process")
     expected = {
         "0": {"job": "4242", "job_user": "root", "account": "acct-4242", "partition": "gpu"},
         "1": {"job": "4343", "job_user": "root", "account": "acct-4343", "partition": "gpu"},  # SLUID mapped
@@ -110,7 +84,7 @@ def test_each_gpu_process_and_its_gpu_carry_the_job_the_kernel_put_it_in(tree, t
     }
     assert containers == {"3": CID[:12], "4": CID[:12], "5": CID[:12]}
     # the GPU's own series carries the job holding it (from the first process sample on)
-    held = latest(points, "gpu")
+    held = newest_tags(points, "gpu")
     assert {g: held[g].get("job") for g in held} == {**{g: e["job"] for g, e in expected.items()}, "6": None}
     assert held["0"]["account"] == "acct-4242" and "job" not in held["6"]
     assert all(p.returncode is None for p in procs)  # still running: the tags came from live processes

@@ -48,7 +48,9 @@ class Attribution:
     namespace: str | None = None
 
 
-_SLURM_V2 = re.compile(r"/(?:[^/]+_)?slurmstepd\.scope/(?:job_(?P<job>\d+)|(?P<sluid>s[0-9A-Z]{13}))/step_(?P<step>[^/]+)(?:/|$)")
+_SLURM_V2 = re.compile(
+    r"/(?:[^/]+_)?slurmstepd\.scope/(?:job_(?P<job>\d+)|(?P<sluid>s[0-9A-Z]{13}))/step_(?P<step>[^/]+)(?:/|$)"
+)
 _SLURM_V1 = re.compile(r"/slurm(?:_[^/]+)?/uid_(?P<uid>\d+)/job_(?P<job>\d+)(?:/step_(?P<step>[^/]+))?(?:/|$)")
 _POD_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
 _K8S_SYSTEMD = re.compile(
