@@ -14,6 +14,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from support.waiting import wait_until
+
 #: The unified (v2) hierarchy of a hybrid layout, or the only one on a pure v2 host.
 V2_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 #: A v1 hierarchy any kernel with cgroup v1 has.
@@ -57,6 +59,8 @@ class CgroupTree:
         proc = subprocess.Popen(["sleep", "300"], env=env or {}, stdin=subprocess.DEVNULL)
         self.procs.append(proc)
         (leaf / "cgroup.procs").write_text(f"{proc.pid}\n")
+        # until execve, /proc/PID/{cmdline,environ} are still the forked test process's
+        wait_until(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"), 10, "execve", 0.01)
         return proc
 
     def close(self) -> None:

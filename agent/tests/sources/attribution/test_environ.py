@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from support.waiting import wait_until
 
 from gpulse.sources.attribution.cgroup import Attribution, Scheduler
 from gpulse.sources.attribution.environ import GONE, Environ, parse_environ, read_environ
@@ -30,6 +32,8 @@ SLURM_ENV = {
 @pytest.fixture
 def child() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(["sleep", "60"], env=SLURM_ENV)
+    # until execve, /proc/PID/environ is still the environment of the forked test process
+    wait_until(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"), 10, "sleep's execve", 0.01)
     yield proc
     proc.kill()
     proc.wait()
