@@ -49,13 +49,18 @@ class CgroupTree:
         self.made: list[Path] = []
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, root: Path, path: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """A ``sleep`` moved into ``<root>/<this tree>/<path>`` (created), with ``env`` as its whole environment."""
+    def make(self, root: Path, path: str) -> Path:
+        """The cgroup ``<root>/<this tree>/<path>``, created with its parents."""
         leaf = root / self.name / path.strip("/")
         missing = [p for p in [leaf, *leaf.parents] if not p.exists()]
         for d in reversed(missing):
             d.mkdir()
             self.made.append(d)
+        return leaf
+
+    def start(self, root: Path, path: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """A ``sleep`` moved into ``<root>/<this tree>/<path>`` (created), with ``env`` as its whole environment."""
+        leaf = self.make(root, path)
         proc = subprocess.Popen(["sleep", "300"], env=env or {}, stdin=subprocess.DEVNULL)
         self.procs.append(proc)
         (leaf / "cgroup.procs").write_text(f"{proc.pid}\n")

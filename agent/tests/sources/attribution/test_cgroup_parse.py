@@ -48,6 +48,9 @@ def test_a_slurm_task_is_attributed_to_its_job_from_every_cgroup_layout(text, jo
         (f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{POD.replace('-', '_')}.slice\n", None),
         (f"11:pids:/kubepods/burstable/pod{POD}/{CID}\n0::/\n", CID),
         (f"5:cpu:/kubepods/pod{POD}/{CID}\n", CID),  # Guaranteed, cgroupfs
+        # read from inside the agent's own cgroup namespace: relative to the agent's cgroup
+        (f"0::/../../kubepods-besteffort-pod{POD.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n", CID),
+        (f"0::/../../pod{POD}/{CID}\n", CID),
     ],
 )
 def test_a_pod_container_is_attributed_to_its_pod_uid_from_systemd_and_cgroupfs_layouts(text, container):
@@ -63,6 +66,8 @@ def test_a_pod_container_is_attributed_to_its_pod_uid_from_systemd_and_cgroupfs_
         "0::/system.slice/slurmd.service\n",  # the daemon, not a job
         "0::/system.slice/slurmstepd.scope/system\n",  # idle stepds
         "0::/home/job_42/step_0\n",  # a look-alike outside Slurm's scope
+        f"0::/user.slice/mypod{POD}/x\n",  # "pod" must begin a directory name
+        "0::/kubepods/burstable/podnot-a-uid/x\n",
         "garbage without colons\n",
         "",
     ],

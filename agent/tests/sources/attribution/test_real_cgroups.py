@@ -10,7 +10,11 @@ describer, encoder, delivery, record sink) samples them for a few cycles.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,3 +93,47 @@ def test_each_gpu_process_and_its_gpu_carry_the_job_the_kernel_put_it_in(tree, t
     assert held["0"]["account"] == "acct-4242" and "job" not in held["6"]
     assert all(p.returncode is None for p in procs)  # still running: the tags came from live processes
     assert os.path.isdir(v2 / tree.name)
+
+
+READER = """
+import json, sys
+from gpulse.sources.attribution.podresources import PodResources
+from gpulse.sources.processes import ProcessDescriber
+describer = ProcessDescriber(pods=PodResources("/nonexistent/kubelet.sock"))
+out = {}
+for pid in sys.argv[1:]:
+    job = describer.describe(int(pid)).job
+    out[pid] = [open(f"/proc/{pid}/cgroup").read(), job and job.job, job and job.container]
+print(json.dumps(out))
+"""
+
+
+def test_an_agent_in_its_own_cgroup_namespace_attributes_pods_from_relative_paths(tree):
+    """A containerised agent (containerd's private cgroup namespace, hostPID) sees ``/../../pod<uid>/<id>``."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) (util-linux) to enter a cgroup namespace")
+    v2, v1 = cgroups.v2_root(), cgroups.v1_root()
+    assert v2 is not None and v1 is not None
+    agent_pod = "0d0d0d0d-1e1e-4f4f-8a8a-2b2b2b2b2b2b"
+    pods = "kubepods.slice/kubepods-burstable.slice"
+    in_pod_a = tree.start(
+        v2, f"{pods}/kubepods-burstable-pod{POD_A.replace('-', '_')}.slice/cri-containerd-{CID}.scope"
+    )
+    in_pod_c = tree.start(v1, f"kubepods/besteffort/pod{POD_C}/{CID}")
+    agent_v2 = tree.make(
+        v2,
+        f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{agent_pod.replace('-', '_')}.slice/cri-containerd-{'a' * 64}.scope",
+    )
+    agent_v1 = tree.make(v1, f"kubepods/besteffort/pod{agent_pod}/{'a' * 64}")
+    enter = f'echo $$ > {agent_v2}/cgroup.procs && echo $$ > {agent_v1}/cgroup.procs && exec unshare --cgroup "$@"'
+    r = subprocess.run(
+        ["sh", "-c", enter, "sh", sys.executable, "-c", READER, str(in_pod_a.pid), str(in_pod_c.pid)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    seen = json.loads(r.stdout)
+    a, c = seen[str(in_pod_a.pid)], seen[str(in_pod_c.pid)]
+    assert (
+        "0::/../../../kubepods-burstable.slice/" in a[0] and "kubepods.slice" not in a[0]
+    )  # the kernel's relative view
+    assert f"pids:/../../pod{POD_C}/{CID}" in c[0]
+    assert (a[1], a[2]) == (POD_A, CID) and (c[1], c[2]) == (POD_C, CID)

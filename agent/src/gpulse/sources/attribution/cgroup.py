@@ -11,6 +11,10 @@ job cannot forge. Layouts recognised (sources in ``/work/shared/research/live-an
   container leaf ``cri-containerd-<id>.scope`` (containerd) or ``crio-<id>.scope`` (CRI-O).
 * kubelet, cgroupfs driver: ``/kubepods[/burstable|/besteffort]/pod<uid>/<container id>``.
 
+An agent in a container of its own cgroup namespace (containerd's default on cgroup v2, also with
+``hostPID``) reads paths relative to its own cgroup (``/../../pod<uid>/<id>``): the pod directory
+is then matched without its ``kubepods`` parents, as dcgm-exporter's ``pod<uid>`` match does.
+
 Pure parsing: the caller reads the file; a process of none of these is ``None``.
 """
 
@@ -56,7 +60,7 @@ _POD_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f
 _K8S_SYSTEMD = re.compile(
     rf"/kubepods(?:-[a-z]+)?-pod(?P<pod>{_POD_UID})\.slice(?:/(?:cri-containerd|crio|docker)-(?P<cid>[0-9a-f]{{64}})\.scope)?"
 )
-_K8S_CGROUPFS = re.compile(rf"/kubepods(?:/[a-z]+)?/pod(?P<pod>{_POD_UID})(?:/(?P<cid>[0-9a-f]{{64}}))?(?:/|$)")
+_K8S_CGROUPFS = re.compile(rf"/pod(?P<pod>{_POD_UID})(?:/(?P<cid>[0-9a-f]{{64}}))?(?:/|$)")
 
 
 def cgroup_paths(text: str) -> list[str]:
