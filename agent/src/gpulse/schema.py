@@ -98,8 +98,8 @@ JOB_TAGS = ("job", "job_user", "account", "partition", "pod", "namespace")
 #: What the tags mean where a reader needs telling (``docs/schema.md``).
 TAG_DOCS: dict[str, str] = {
     "job": "the scheduler's job: the Slurm job id, or the Kubernetes pod UID, from the process's cgroup; on `gpu`, "
-    "the job all processes of the GPU belong to (absent when none or several); on training points, the rank's "
-    "own job (`SLURM_JOB_ID`)",
+    "the job all processes of the GPU belong to as of the last process sample (absent when none or several); "
+    "on training points, the rank's own job (`SLURM_JOB_ID`)",
     "job_user": "the Slurm job's user: the uid in the job's cgroup path (v1), else the process's owner",
     "account": "the Slurm job's account (`SLURM_JOB_ACCOUNT` of the process's initial environment, where readable)",
     "partition": "the Slurm job's partition (`SLURM_JOB_PARTITION`, as `account`)",

@@ -65,6 +65,20 @@ def test_each_gpus_holder_comes_from_list_and_a_shared_gpu_has_none(kubelet):
     assert kubelet.calls == {"List": 1}
 
 
+def test_the_stand_in_answers_get_allocatable_resources_and_refuses_get_like_a_kubelet_without_the_gate(kubelet):
+    """The stand-in's other methods, through the stub compiled from the kubelet's proto."""
+    import grpc
+
+    pb, stubs = compile_proto(kubelet.socket_path.parent / "client")
+    with grpc.insecure_channel(f"unix://{kubelet.socket_path}") as channel:
+        stub = stubs.PodResourcesListerStub(channel)
+        answer = stub.GetAllocatableResources(pb.AllocatableResourcesRequest(), timeout=5)
+        assert [(d.resource_name, list(d.device_ids)) for d in answer.devices] == [("nvidia.com/gpu", GPU)]
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Get(pb.GetPodResourcesRequest(pod_name="trainer-0", pod_namespace="ml"), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 def test_the_kubelet_is_asked_once_per_refresh_and_a_new_allocation_shows_after_it(kubelet):
     now = [0.0]
     pods = PodResources(str(kubelet.socket_path), refresh_s=5.0, clock=lambda: now[0])
