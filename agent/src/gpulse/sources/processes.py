@@ -95,6 +95,15 @@ def _default_socket() -> str:
     return host[len("unix://") :] if host.startswith("unix://") else "/var/run/docker.sock"
 
 
+def container_of(d: ProcessDetails, holder: PodHolder | None) -> str | None:
+    """The ``container`` field: Docker's name; in a pod, the kubelet's name for it, else its short id."""
+    if d.job is None or d.job.scheduler is not Scheduler.KUBERNETES:
+        return d.container
+    if holder is not None and holder.container:
+        return holder.container
+    return d.container or (d.job.container[:12] if d.job.container else None)
+
+
 class ContainerNamer:
     """Container id → name through the Docker Engine API, cached; the short id when it can't.
 

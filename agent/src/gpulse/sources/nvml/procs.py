@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpulse.sources.attribution.cgroup import Scheduler
+from gpulse.schema import JOB_TAGS
 from gpulse.sources.attribution.podresources import PodHolder
 from gpulse.sources.base import Reading
 from gpulse.sources.nvml import errors as E
 from gpulse.sources.nvml.probe import GpuPlan
-from gpulse.sources.processes import ProcessDescriber, job_tags
+from gpulse.sources.processes import ProcessDescriber, container_of, job_tags
 
 
 def _memory_by_pid(lists: list[Callable[[Any], Any]], handle: Any) -> dict[int, int | None]:
@@ -55,29 +55,16 @@ class ProcessSampler:
         """The gpu_process readings of one GPU and its MIG devices; NVML errors propagate."""
         util = self._utilization(plan, now_ns) if plan.proc_util is not None else None
         pods = self.describer.pods.holders()
-        jobs: list[dict[str, str]] = []
-        out = self._readings(
-            plan.index,
-            _memory_by_pid(plan.proc_lists, plan.handle),
-            util,
-            now_ns,
-            None,
-            pods.get(plan.identity.uuid),
-            jobs,
-        )
+        held_by = pods.get(plan.identity.uuid)
+        procs = _memory_by_pid(plan.proc_lists, plan.handle)
+        out = self._readings(plan.index, procs, util, now_ns, None, held_by)
         for m in plan.migs:
             if m.proc_lists:
-                out += self._readings(
-                    plan.index,
-                    _memory_by_pid(m.proc_lists, m.handle),
-                    None,
-                    now_ns + len(out),
-                    m.tags,
-                    pods.get(m.uuid),
-                    jobs,
-                )
-        if not jobs:
-            jobs.append(job_tags(None, pods.get(plan.identity.uuid)))
+                procs = _memory_by_pid(m.proc_lists, m.handle)
+                out += self._readings(plan.index, procs, None, now_ns + len(out), m.tags, pods.get(m.uuid))
+        jobs = [{k: v for k, v in (r.tags or {}).items() if k in JOB_TAGS} for r in out]
+        if not jobs:  # no process: the pod the kubelet gave the GPU to, if any
+            jobs.append(job_tags(None, held_by))
         self.holders[plan.index] = jobs[0] if all(j == jobs[0] for j in jobs) else {}
         return out
 
@@ -89,7 +76,6 @@ class ProcessSampler:
         ts: int,
         tags: dict[str, str] | None,
         holder: PodHolder | None,
-        jobs: list[dict[str, str]],
     ) -> list[Reading]:
         out: list[Reading] = []
         for i, pid in enumerate(sorted(procs)):
@@ -106,13 +92,10 @@ class ProcessSampler:
                 fields["command"] = d.command
             if d.user is not None:
                 fields["user"] = d.user
-            job = job_tags(d.job, holder)
-            jobs.append(job)
-            container = d.container
-            if d.job is not None and d.job.scheduler is Scheduler.KUBERNETES:
-                container = (holder.container if holder else None) or container or (d.job.container or "")[:12] or None
+            container = container_of(d, holder)
             if container is not None:
                 fields["container"] = container
+            job = job_tags(d.job, holder)
             out.append(Reading("gpu_process", gpu, fields, ts + i, {**tags, **job} if tags else job or None))
         return out
 
