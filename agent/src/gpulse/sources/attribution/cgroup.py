@@ -1,7 +1,7 @@
 """``/proc/PID/cgroup`` to the job that owns the process: Slurm's and the kubelet's cgroup layouts.
 
 The cgroup path is set by the scheduler's root daemon, not by the job, so it is the attribution a
-job cannot forge. Layouts recognised (sources in ``/work/shared/research/live-and-fleet-anchors.md`` B2):
+job cannot forge. Layouts recognised (SchedMD/slurm, kubernetes/kubernetes and containerd sources):
 
 * Slurm, cgroup v2 (``src/plugins/cgroup/v2/cgroup_v2.c``): ``…/[<node>_]slurmstepd.scope/<JOBDIR>/step_<id>/user/task_<n>``,
   where ``<JOBDIR>`` is ``job_<id>`` up to 25.x and the job's SLUID (``s`` and 13 characters,
@@ -9,7 +9,8 @@ job cannot forge. Layouts recognised (sources in ``/work/shared/research/live-an
 * Slurm, cgroup v1 (``src/plugins/cgroup/v1/xcgroup.c``): ``/<prepend, /slurm or /slurm_<node>>/uid_<uid>/job_<id>/step_<id>/task_<n>``.
 * kubelet, systemd driver (``pkg/kubelet/cm/cgroup_manager_linux.go``): ``kubepods[-<qos>]-pod<uid, - as _>.slice``,
   container leaf ``cri-containerd-<id>.scope`` (containerd) or ``crio-<id>.scope`` (CRI-O).
-* kubelet, cgroupfs driver: ``/kubepods[/burstable|/besteffort]/pod<uid>/<container id>``.
+* kubelet, cgroupfs driver: ``/kubepods[/burstable|/besteffort]/pod<uid>/<container id>``
+  (containerd's ``internal/cri/server/podsandbox/helpers_linux.go`` getCgroupsPath names the leaves).
 
 An agent in a container of its own cgroup namespace (containerd's default on cgroup v2, also with
 ``hostPID``) reads paths relative to its own cgroup (``/../../pod<uid>/<id>``): the pod directory
