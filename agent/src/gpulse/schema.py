@@ -92,6 +92,20 @@ def _is_open_field(pattern: str, name: str) -> bool:
 
 GPU_TAGS = ("host", "gpu", "uuid", "model")
 TRAIN_TAGS = ("host", "run", "rank", "local_rank", "world_size")
+#: Who a GPU process (and the GPU it holds) works for, from the kernel (``sources/attribution``).
+JOB_TAGS = ("job", "job_user", "account", "partition", "pod", "namespace")
+
+#: What the tags mean where a reader needs telling (``docs/schema.md``).
+TAG_DOCS: dict[str, str] = {
+    "job": "the scheduler's job: the Slurm job id, or the Kubernetes pod UID, from the process's cgroup; on `gpu`, "
+    "the job all processes of the GPU belong to as of the last process sample (absent when none or several); "
+    "on training points, the rank's own job (`SLURM_JOB_ID`)",
+    "job_user": "the Slurm job's user: the uid in the job's cgroup path (v1), else the process's owner",
+    "account": "the Slurm job's account (`SLURM_JOB_ACCOUNT` of the process's initial environment, where readable)",
+    "partition": "the Slurm job's partition (`SLURM_JOB_PARTITION`, as `account`)",
+    "pod": "the Kubernetes pod the kubelet allocated the GPU to (pod-resources API), also with no process on it",
+    "namespace": "that pod's namespace",
+}
 
 
 def _f(name: str, type_: FieldType, unit: str, doc: str, kind: FieldKind = "gauge") -> Field:
@@ -222,7 +236,7 @@ GPU = Measurement(
         _c("retired_pages_dbe", "count", "pages retired for double-bit errors"),
         _f("retired_pages_pending", "int", "0/1", "1 when a page retirement is pending"),
     ),
-    optional_tags=("run", "mig"),
+    optional_tags=("run", "mig", *JOB_TAGS),
 )
 
 GPU_NVLINK = Measurement(
@@ -283,12 +297,18 @@ GPU_PROCESS = Measurement(
         _i("pid", "int", "", "host process id"),
         _i("command", "str", "", "process name and arguments (truncated)"),
         _i("user", "str", "", "owner of the process"),
-        _i("container", "str", "", "Docker container name, or its id when the engine is unreachable"),
+        _i(
+            "container",
+            "str",
+            "",
+            "Docker container name, or its id when the engine is unreachable; in a Kubernetes pod the container's "
+            "name from the kubelet, else its id (12 characters)",
+        ),
         _f("mem_used_bytes", "int", "B", "GPU memory used by the process"),
         _f("sm_util_pct", "float", "%", "SM utilisation by the process in the driver's last sample period (0: idle)"),
         _f("mem_util_pct", "float", "%", "memory controller utilisation by the process, same period"),
     ),
-    optional_tags=("run", "mig"),
+    optional_tags=("run", "mig", *JOB_TAGS),
 )
 
 GPU_EVENT = Measurement(
@@ -378,6 +398,7 @@ TRAIN_STEP = Measurement(
         _c("alloc_retries", "count", "caching-allocator retries (cudaMalloc failed, cache flushed)"),
     ),
     open_fields=r"(phase_[a-z0-9_]{1,48}_(gpu_)?s|log_[A-Za-z0-9_./-]{1,64})",
+    optional_tags=("job",),
     max_extra_tags=8,
 )
 
@@ -400,6 +421,7 @@ TRAIN_RUN = Measurement(
         _i("duration_s", "float", "s", "run duration (at end)"),
         _i("pid", "int", "", "training process id"),
     ),
+    optional_tags=("job",),
     max_extra_tags=8,
     downsampled=False,
 )
@@ -413,6 +435,7 @@ TRAIN_EVENT = Measurement(
         _i("text", "str", "", "free text"),
         _i("step", "int", "", "step at which the event happened"),
     ),
+    optional_tags=("job",),
     max_extra_tags=8,
     downsampled=False,
 )

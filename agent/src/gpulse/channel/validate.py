@@ -335,7 +335,7 @@ def check_tags(m: schema.Measurement, tags: Any) -> dict[str, str]:
             raise Rejected("bad_tag_value", key)
         if key in _INT_TAGS and not _DIGITS.fullmatch(value):
             raise Rejected("bad_tag_value", key)
-        if key not in REQUIRED_TAGS:
+        if key not in REQUIRED_TAGS and key not in m.optional_tags:  # the schema's tags are not the user's
             extra += 1
         out[key] = value
     for key in REQUIRED_TAGS:

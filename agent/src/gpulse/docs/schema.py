@@ -6,7 +6,7 @@ file differs. Run as ``python -m gpulse.docs.schema``.
 
 from __future__ import annotations
 
-from gpulse.schema import MEASUREMENTS
+from gpulse.schema import MEASUREMENTS, TAG_DOCS
 
 
 def render_markdown() -> str:
@@ -29,6 +29,8 @@ def render_markdown() -> str:
         if m.max_extra_tags:
             tags += f"; up to {m.max_extra_tags} user tags"
         out += [f"Tags: {tags}", ""]
+        out += [f"* `{t}`: {TAG_DOCS[t]}" for t in m.all_tags if t in TAG_DOCS]
+        out += [""] if any(t in TAG_DOCS for t in m.all_tags) else []
         if m.open_fields:
             out += [f"Extra float fields matching `{m.open_fields}` are accepted.", ""]
         out += [f"Downsampled: {'yes' if m.downsampled else 'no'}", ""]

@@ -1,4 +1,4 @@
-"""Who a GPU process is: command and user from /proc, and its Docker container.
+"""Who a GPU process is: command and user from /proc, its Docker container, and the job it runs in.
 
 NVML reports host PIDs (the driver ignores PID namespaces), so this reads the host's
 ``/proc``; an agent in a container needs ``--pid=host``, otherwise the lookups find nothing and
@@ -6,6 +6,12 @@ the fields are simply absent. The container id comes from ``/proc/PID/cgroup`` (
 ``/docker/<id>``, v2 ``/docker/<id>`` or systemd ``docker-<id>.scope``) and is named through the
 Docker Engine API when its socket is reachable; otherwise the 12-character id is used. Nothing
 here raises: a vanished process or an unreachable engine only leaves a field empty.
+
+The job comes from the kernel (``sources/attribution``): the Slurm job or Kubernetes pod named by
+the process's cgroup, completed from its initial environment (Slurm account and partition, the
+SLUID's job id) where the kernel lets us read it, and from the kubelet's pod-resources API (pod
+name and namespace) where its socket is mounted. :func:`job_tags` is the one place that turns that
+into the optional tags of ``gpu_process`` and ``gpu``.
 
 Details are cached by (pid, start time), never by pid alone, so a reused PID is not mistaken for
 the old process.
@@ -19,8 +25,13 @@ import pwd
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from gpulse.sources.attribution import cgroup
+from gpulse.sources.attribution.cgroup import Attribution, Scheduler
+from gpulse.sources.attribution.environ import Environ, read_environ
+from gpulse.sources.attribution.podresources import PodHolder, PodResources
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +44,44 @@ class ProcessDetails:
     command: str | None
     user: str | None
     container: str | None
+    job: Attribution | None = None
 
 
 NOTHING = ProcessDetails(None, None, None)
+
+
+def slurm_job(a: Attribution, env: Environ, owner: str | None) -> Attribution:
+    """A Slurm cgroup's job completed from the task's initial environment.
+
+    The cgroup decides the job; the environment is used only where it belongs to that job (its
+    ``SLURM_JOB_ID``, or ``SLURM_JOB_SLUID`` for a SLUID directory), so a process cannot claim
+    another job. The user is the uid in the cgroup path, else the process's owner, else ``SLURM_JOB_USER``.
+    """
+    v = env.values
+    if a.sluid is not None and v.get("SLURM_JOB_SLUID") == a.sluid and v.get("SLURM_JOB_ID", "").isdigit():
+        a = replace(a, job=v["SLURM_JOB_ID"])
+    mine = v.get("SLURM_JOB_ID") == a.job
+    return replace(
+        a,
+        user=owner or (v.get("SLURM_JOB_USER") if mine else None),
+        account=v.get("SLURM_JOB_ACCOUNT") if mine else None,
+        partition=v.get("SLURM_JOB_PARTITION") if mine else None,
+    )
+
+
+def job_tags(job: Attribution | None, holder: PodHolder | None) -> dict[str, str]:
+    """The optional tags (``schema.JOB_TAGS``) of a process in ``job`` on a GPU the kubelet gave to ``holder``.
+
+    A holder names the pod only of a process of Kubernetes (or of a GPU with no process seen)."""
+    tags: dict[str, str] = {}
+    if job is not None:
+        tags["job"] = job.job
+        for key, value in (("job_user", job.user), ("account", job.account), ("partition", job.partition)):
+            if value:
+                tags[key] = value
+    if holder is not None and (job is None or job.scheduler is Scheduler.KUBERNETES):
+        tags["pod"], tags["namespace"] = holder.pod, holder.namespace
+    return tags
 
 
 def container_id_from_cgroup(text: str) -> str | None:
@@ -47,6 +93,15 @@ def container_id_from_cgroup(text: str) -> str | None:
 def _default_socket() -> str:
     host = os.environ.get("DOCKER_HOST", "")
     return host[len("unix://") :] if host.startswith("unix://") else "/var/run/docker.sock"
+
+
+def container_of(d: ProcessDetails, holder: PodHolder | None) -> str | None:
+    """The ``container`` field: Docker's name; in a pod, the kubelet's name for it, else its short id."""
+    if d.job is None or d.job.scheduler is not Scheduler.KUBERNETES:
+        return d.container
+    if holder is not None and holder.container:
+        return holder.container
+    return d.container or (d.job.container[:12] if d.job.container else None)
 
 
 class ContainerNamer:
@@ -125,9 +180,17 @@ class ContainerNamer:
 class ProcessDescriber:
     """Reads command, user and container of host PIDs from ``proc_root``."""
 
-    def __init__(self, proc_root: str = "/proc", namer: ContainerNamer | None = None, max_command: int = 256) -> None:
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        namer: ContainerNamer | None = None,
+        max_command: int = 256,
+        pods: PodResources | None = None,
+    ) -> None:
         self.proc_root = proc_root
         self.namer = namer if namer is not None else ContainerNamer()
+        #: the kubelet's pod-resources API (answers nothing where its socket is not mounted)
+        self.pods = pods if pods is not None else PodResources()
         self.max_command = max_command
         self._cache: dict[tuple[int, int], ProcessDetails] = {}
         self._users: dict[int, str] = {}
@@ -142,7 +205,10 @@ class ProcessDescriber:
         if d is None:
             if len(self._cache) > _MAX_CACHE:
                 self._cache.clear()
-            d = self._cache[key] = ProcessDetails(self._command(base), self._user(base), self._container(base))
+            text = self._read(f"{base}/cgroup") or ""
+            user = self._user(base)
+            d = ProcessDetails(self._command(base), user, self._container(text), self._job(pid, text, user))
+            self._cache[key] = d
         return d
 
     @staticmethod
@@ -186,6 +252,9 @@ class ProcessDescriber:
                 uid = os.stat(base).st_uid
             except OSError:
                 return None
+        return self._user_name(uid)
+
+    def _user_name(self, uid: int) -> str:
         name = self._users.get(uid)
         if name is None:
             try:
@@ -195,9 +264,15 @@ class ProcessDescriber:
             self._users[uid] = name
         return name
 
-    def _container(self, base: str) -> str | None:
-        cgroup = self._read(f"{base}/cgroup")
-        cid = container_id_from_cgroup(cgroup) if cgroup else None
+    def _job(self, pid: int, cgroup_text: str, user: str | None) -> Attribution | None:
+        job = cgroup.parse(cgroup_text)
+        if job is not None and job.scheduler is Scheduler.SLURM:
+            owner = self._user_name(job.uid) if job.uid is not None else user
+            job = slurm_job(job, read_environ(self.proc_root, pid), owner)
+        return job
+
+    def _container(self, cgroup_text: str) -> str | None:
+        cid = container_id_from_cgroup(cgroup_text)
         if cid is None:
             return None
         try:

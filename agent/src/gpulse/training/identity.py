@@ -5,7 +5,8 @@ path: an explicit id, else one the launcher already put in the environment (``GP
 ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``), else one rank 0 generates and shares through the
 process group's key-value store (and exports as ``GPULSE_RUN_ID`` for child processes). Every point
 of the run carries its tags: up to :data:`MAX_USER_TAGS` of the user's, then ``run``, ``rank``,
-``local_rank`` and ``world_size``.
+``local_rank`` and ``world_size``, and in a Slurm job its ``job`` (the id the agent finds in the
+rank's cgroup, so training points and the GPU's points share it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from gpulse.training.errors import Guard
 
 MAX_USER_TAGS = 8
-RESERVED_TAGS = ("host", "run", "rank", "local_rank", "world_size")
+RESERVED_TAGS = ("host", "run", "rank", "local_rank", "world_size", "job")
 #: Longest tag value (the schema's limit; the agent rejects longer ones).
 MAX_TAG_VALUE = 256
 _TAG_KEY = r"[A-Za-z0-9_.\-]{1,64}"  # a pattern string: ``re`` compiles it on first use
@@ -136,4 +137,7 @@ def run_tags(
         if text:
             tags[key] = text
     tags.update(run=run_id, rank=str(rank), local_rank=str(local_rank), world_size=str(world_size))
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if job.isdigit():  # the job the agent attributes this rank's GPU processes to, from their cgroup
+        tags["job"] = job
     return tags

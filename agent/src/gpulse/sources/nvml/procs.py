@@ -10,6 +10,10 @@ since then, so every process reads 0, not a gap. Garbage rows (pid 0, values abo
 zombie contexts are dropped or clamped. On MIG the parent's utilisation is "not currently
 supported" and the fields are absent; each MIG instance's processes come from its own device
 handle and carry its ``mig`` tag.
+
+Each process is tagged with its job (``processes.job_tags``); a GPU is held by a job when all its
+processes belong to that one job, or, with no process on it, when the kubelet allocated it to a
+pod. :attr:`ProcessSampler.holders` keeps that per GPU for the source's ``gpu`` readings.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpulse.schema import JOB_TAGS
+from gpulse.sources.attribution.podresources import PodHolder
 from gpulse.sources.base import Reading
 from gpulse.sources.nvml import errors as E
 from gpulse.sources.nvml.probe import GpuPlan
-from gpulse.sources.processes import ProcessDescriber
+from gpulse.sources.processes import ProcessDescriber, container_of, job_tags
 
 
 def _memory_by_pid(lists: list[Callable[[Any], Any]], handle: Any) -> dict[int, int | None]:
@@ -42,16 +48,24 @@ class ProcessSampler:
         self.describer = describer
         self.window_us = window_us
         self.cursor_us: dict[int, int] = {}  # GPU index -> newest sample timestamp seen (CPU µs)
+        #: GPU index -> the job tags of its holder, as of the last process sample (empty: none or several)
+        self.holders: dict[int, dict[str, str]] = {}
 
     def sample(self, plan: GpuPlan, now_ns: int) -> list[Reading]:
         """The gpu_process readings of one GPU and its MIG devices; NVML errors propagate."""
         util = self._utilization(plan, now_ns) if plan.proc_util is not None else None
-        out = self._readings(plan.index, _memory_by_pid(plan.proc_lists, plan.handle), util, now_ns, None)
+        pods = self.describer.pods.holders()
+        held_by = pods.get(plan.identity.uuid)
+        procs = _memory_by_pid(plan.proc_lists, plan.handle)
+        out = self._readings(plan.index, procs, util, now_ns, None, held_by)
         for m in plan.migs:
             if m.proc_lists:
-                out += self._readings(
-                    plan.index, _memory_by_pid(m.proc_lists, m.handle), None, now_ns + len(out), m.tags
-                )
+                procs = _memory_by_pid(m.proc_lists, m.handle)
+                out += self._readings(plan.index, procs, None, now_ns + len(out), m.tags, pods.get(m.uuid))
+        jobs = [{k: v for k, v in (r.tags or {}).items() if k in JOB_TAGS} for r in out]
+        if not jobs:  # no process: the pod the kubelet gave the GPU to, if any
+            jobs.append(job_tags(None, held_by))
+        self.holders[plan.index] = jobs[0] if all(j == jobs[0] for j in jobs) else {}
         return out
 
     def _readings(
@@ -61,6 +75,7 @@ class ProcessSampler:
         util: dict[int, tuple[float, float]] | None,
         ts: int,
         tags: dict[str, str] | None,
+        holder: PodHolder | None,
     ) -> list[Reading]:
         out: list[Reading] = []
         for i, pid in enumerate(sorted(procs)):
@@ -77,9 +92,11 @@ class ProcessSampler:
                 fields["command"] = d.command
             if d.user is not None:
                 fields["user"] = d.user
-            if d.container is not None:
-                fields["container"] = d.container
-            out.append(Reading("gpu_process", gpu, fields, ts + i, tags))
+            container = container_of(d, holder)
+            if container is not None:
+                fields["container"] = container
+            job = job_tags(d.job, holder)
+            out.append(Reading("gpu_process", gpu, fields, ts + i, {**tags, **job} if tags else job or None))
         return out
 
     def _utilization(self, plan: GpuPlan, now_ns: int) -> dict[int, tuple[float, float]]:

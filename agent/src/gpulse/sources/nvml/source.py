@@ -222,8 +222,9 @@ class NvmlSource(GpuSource):
                 fields.update(fresh)
         if status is GPU_LOST:  # a GPU lost mid-cycle: its partial values are not trusted
             return status
-        if fields:
-            out.append(Reading("gpu", plan.index, fields, now_ns))
+        if fields:  # tagged with the job holding the GPU, as of the last process sample
+            held = self._procs.holders.get(plan.index) if self._procs is not None else None
+            out.append(Reading("gpu", plan.index, fields, now_ns, held or None))
         out.extend(links)
         for m in plan.migs:
             if status is OK:
