@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from gpulse.influx.connection import APIS, DEFAULT_BUCKET, DEFAULT_ORG, DEFAULT_URL, ConfigError, Connection
-from gpulse.influx.http import parse_url
 
 #: keys allowed in the config file's ``[connection]`` table (a token itself is refused by resolve_connection)
 CONNECTION_KEYS = ("url", "api", "org", "bucket", "token_file")
@@ -78,6 +77,8 @@ def check_url(url: str) -> str:
 
     Credentials in it (``http://user:password@host``) are refused, not silently dropped: they would be
     echoed in logs, ``gpulse status``, ``doctor``, ``--check`` and ``ps``, and never sent."""
+    from gpulse.influx.http import parse_url  # the HTTP stack loads when a URL is given, not for --help
+
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         if "@" in url:  # never echo what may be a password

@@ -3,6 +3,8 @@
 Read from flags, environment and config file by :mod:`gpulse.agent.connection_config`; here only the
 record, what it means (v1 database and retention policy, the ``Authorization`` header), an HTTP client
 for it, and the flags that name it again in advice. The token is never shown (``repr`` hides it).
+Every command loads this record (``gpulse status`` too, for :class:`ConfigError`), so the HTTP stack
+(:mod:`gpulse.influx.http`, which knows nothing of this record) is imported only where a request is made.
 
 For ``--api v1`` the bucket is ``database`` or ``database/retention-policy`` (as InfluxDB's
 own 1.x compatibility API spells it) and the token, if any, is ``user:password``.
@@ -11,8 +13,10 @@ own 1.x compatibility API spells it) and the token, if any, is ``user:password``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gpulse.influx.http import DEFAULT_MAX_BODY, HttpClient, basic_auth, token_auth
+if TYPE_CHECKING:
+    from gpulse.influx.http import HttpClient
 
 DEFAULT_URL = "http://127.0.0.1:8086"
 DEFAULT_ORG = "gpulse"
@@ -61,6 +65,8 @@ class Connection:
     @property
     def authorization(self) -> str | None:
         """The ``Authorization`` header: Basic ``user:password`` for v1, ``Token …`` for v2; ``None`` without a token."""
+        from gpulse.influx.http import basic_auth, token_auth  # the HTTP stack only where a request is made
+
         if not self.token:
             return None
         if self.api == "v1":
@@ -73,14 +79,17 @@ class Connection:
         auth = f"token from {self.token_source}" if self.token else "no token"
         return f"{where} api={self.api} org={self.org} bucket={self.bucket} ({auth})"
 
-    def http_client(self, *, timeout_s: float | None = None, max_body: int = DEFAULT_MAX_BODY) -> HttpClient:
-        """A client for this connection: its URL, credentials, deadline (``timeout_s`` overrides) and TLS check."""
+    def http_client(self, *, timeout_s: float | None = None, max_body: int | None = None) -> HttpClient:
+        """A client for this connection: its URL, credentials, deadline and TLS check (``timeout_s`` and
+        ``max_body`` override the connection's deadline and the client's default answer cap)."""
+        from gpulse.influx.http import DEFAULT_MAX_BODY, HttpClient
+
         return HttpClient(
             self.url or "",
             authorization=self.authorization,
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
             verify_tls=self.verify_ssl,
-            max_body=max_body,
+            max_body=DEFAULT_MAX_BODY if max_body is None else max_body,
         )
 
     def command_flags(self) -> list[str]:

@@ -16,7 +16,7 @@ from gpulse.influx.server import Diagnosis, Explainer
 
 #: a query's total deadline (a run's report reads every step and GPU sample of the run)
 QUERY_TIMEOUT_S = 120.0
-#: the largest answer read (a week of 8 GPUs at 1 s is ~300 MB of JSON)
+#: the largest answer read (a week of 8 GPUs sampled every second is hundreds of MB of JSON)
 QUERY_MAX_BODY = 1 << 30
 
 
