@@ -54,7 +54,7 @@ generate: $(STAMP)
 	$(PY) -m gpulse schema > docs/schema.md
 	$(PY) -m gpulse.docs.report > docs/report.md
 	$(PY) -m gpulse.cli.configdoc > docs/configuration.md
-	$(PY) -m gpulse.influx.downsample --write influxdb
+	$(PY) -m gpulse.influx.render --write influxdb
 	$(PY) -m gpulse.dashboards .
 
 bench: $(STAMP)

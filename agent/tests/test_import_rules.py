@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,134 @@ def test_the_checker_sees_a_lazy_and_a_relative_import() -> None:
     source = "def f():\n    from ..delivery import spool\n    import gpulse.lineprotocol.encode\n"
     found = imports_in(source, "gpulse.training")
     assert {"gpulse.delivery", "gpulse.delivery.spool", "gpulse.lineprotocol.encode"} <= found
+
+
+# -- no import circle ---------------------------------------------------------------------------------
+def _is_type_checking(test: ast.expr) -> bool:
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run, also inside functions; not those under ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:  # the else branch runs
+                yield from _runtime_imports(ast.Module(body=[child], type_ignores=[]))
+        else:
+            yield from _runtime_imports(node)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the package's modules it imports at run time (lazy imports included, TYPE_CHECKING ones not).
+
+    ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, and to ``pkg`` (its
+    ``__init__``) only when ``name`` is not: Python loads the submodule, not a name of the package."""
+    paths = {module_name_under(root, p): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in paths)
+                continue
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                target = sub if sub in paths else base
+                if target in paths:
+                    edges.add(target)
+        edges.discard(name)  # a package importing its own names is no circle
+        graph[name] = edges
+    return graph
+
+
+def module_name_under(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (as a path that returns to its start) per strongly connected group of modules (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_cycle_in(graph, group) for group in groups]
+
+
+def _cycle_in(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A shortest path from the group's first module back to itself, inside the group."""
+    start = min(group)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(graph[v] & group):
+            if w == start:
+                return [*paths[v], start]
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                todo.append(w)
+    raise AssertionError(f"no cycle through {start}")  # a strongly connected group always has one
+
+
+def test_no_import_circle_in_the_package() -> None:
+    """A circle works only while its lazy import stays lazy; the stages depend one way."""
+    cycles = import_cycles(import_graph(PACKAGE))
+    assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_circle_check_sees_a_lazy_circle_and_not_a_type_checking_one(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from pkg.sub.b import B\n")
+    (pkg / "a.py").write_text("def f():\n    from pkg import b\n")  # lazy, to a submodule
+    (pkg / "b.py").write_text("import pkg.a\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import d\n")
+    (pkg / "d.py").write_text("from pkg.c import x\n")
+    (pkg / "sub" / "b.py").write_text("from pkg.sub import a\nB = 1\n")  # a submodule: no edge to sub/__init__
+    (pkg / "sub" / "a.py").write_text("")
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.c"] == set() and graph["pkg.sub.b"] == {"pkg.sub.a"}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+    (pkg / "sub" / "a.py").write_text("def g():\n    from pkg.sub import B\n")  # a name of sub/__init__
+    assert sorted(import_cycles(import_graph(pkg))) == [
+        ["pkg.a", "pkg.b", "pkg.a"],
+        ["pkg.sub", "pkg.sub.b", "pkg.sub.a", "pkg.sub"],
+    ]

@@ -36,7 +36,7 @@ def auth_influxdb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxDB
             "CREATE USER writer WITH PASSWORD 'wr1ter-pw'",
             'GRANT WRITE ON "gpulse" TO writer',
         ):
-            admin.execute(statement, db="")
+            admin.raw(statement, db="")
         yield server
     finally:
         server.stop()

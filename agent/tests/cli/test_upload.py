@@ -158,7 +158,7 @@ def test_a_missing_database_says_gpulse_setup_and_gpulse_setup_makes_it(tmp_path
     res, _ = run_upload(clean_env, *base, str(f))
     assert res.returncode == 1
     assert "database 'fresh' does not exist" in res.stderr
-    assert "run `gpulse setup --api v1` with the same connection flags" in res.stderr
+    assert f"run `gpulse setup --url {influxdb_module.url} --api v1 --bucket fresh`" in res.stderr
     setup = subprocess.run(gpulse_cmd("setup", *base), env=clean_env, capture_output=True, text=True, timeout=60)
     assert setup.returncode == 0, setup.stderr
     res, _ = run_upload(clean_env, *base, str(f))

@@ -269,7 +269,7 @@ def test_history_reads_points_the_continuous_queries_wrote_into_the_downsampled_
 ) -> None:
     influx = filled["influx"]
     assert filled["downsampled"] > 0
-    fields = downsample.output_fields()["gpu"]
+    fields = {out for p in downsample.pipelines(downsample.TIERS[0]) for _, out in p.outputs("gpu")}
     for rp in ("1m", "1h"):
         rows = influx.rows(f'SELECT * FROM "gpulse"."{rp}"."gpu" WHERE "host" = \'{HOST}\'')
         assert rows, rp

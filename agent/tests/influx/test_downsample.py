@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 from support import flux_parser
-from support.fixtures import REPO
 
 from gpulse import schema
 from gpulse.influx import downsample
@@ -18,10 +15,8 @@ from gpulse.influx.downsample import (
     continuous_queries,
     flux_query,
     flux_task,
-    generated_files,
     influxql_select,
     lookback_ns,
-    output_fields,
     parse_duration,
     pipelines,
     window_ns,
@@ -65,28 +60,34 @@ def flux_outputs(text: str) -> dict[str, set[str]]:
     return out
 
 
+def tier_outputs(tier) -> dict[str, set[str]]:
+    """measurement -> the fields one tier's continuous queries write (the same as its task: tested below)."""
+    return cq_outputs(
+        [q for name, q in continuous_queries("gpulse").items() if name.startswith(f"gpulse_{tier.name}_")]
+    )
+
+
 def test_gauges_become_mean_max_min_and_counters_last_for_every_downsampled_measurement():
-    assert output_fields(TIERS[0]) == expected_outputs()
+    assert tier_outputs(TIERS[0]) == expected_outputs()
     assert {"gpu", "agent", "train_step"} <= set(expected_outputs())
 
 
 def test_string_info_and_non_downsampled_fields_are_never_aggregated():
-    written = {(m, f) for m, fields in output_fields().items() for f in fields}
+    written = {(m, f) for m, fields in tier_outputs(TIERS[0]).items() for f in fields}
     for m in schema.MEASUREMENTS.values():
         for f in m.fields:
             if f.type == "str" or f.kind == "info" or not m.downsampled:
                 assert (m.name, f.name) not in written, f"{m.name}.{f.name} must stay in raw only"
-    assert "gpu_info" not in output_fields() and "train_run" not in output_fields()
+    assert "gpu_info" not in tier_outputs(TIERS[0]) and "train_run" not in tier_outputs(TIERS[0])
 
 
 def test_the_hourly_tier_writes_the_same_fields_as_the_minute_tier():
-    assert output_fields(TIERS[1]) == output_fields(TIERS[0])
+    assert tier_outputs(TIERS[1]) == tier_outputs(TIERS[0])
 
 
 def test_continuous_queries_and_flux_tasks_write_exactly_the_same_fields():
     for tier in TIERS:
-        cqs = [q for name, q in continuous_queries("gpulse").items() if name.startswith(f"gpulse_{tier.name}_")]
-        assert cq_outputs(cqs) == flux_outputs(flux_task(tier)) == expected_outputs(), tier.name
+        assert tier_outputs(tier) == flux_outputs(flux_task(tier)) == expected_outputs(), tier.name
 
 
 def test_the_hourly_tier_reads_the_minute_tier_and_reaggregates_its_extremes():
@@ -165,27 +166,6 @@ def test_a_backfill_range_is_widened_to_whole_windows_in_both_generations():
     bounds = flux_parser.assignments(flux_parser.parse(flux_query(TIERS[1], "gpulse", hour + 1, 2 * hour + 1)))
     assert flux_parser.source(bounds["start"]) == f"time(v: {hour})"
     assert flux_parser.source(bounds["stop"]) == f"time(v: {3 * hour})"
-
-
-def test_checked_in_files_equal_the_generator_output():
-    for rel, text in generated_files().items():
-        assert (REPO / "influxdb" / rel).read_text(encoding="utf-8") == text, f"influxdb/{rel}: run make generate"
-    r = subprocess.run(
-        [sys.executable, "-m", "gpulse.influx.downsample", "--check", str(REPO / "influxdb")],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
-
-
-def test_the_check_mode_reports_a_stale_file(tmp_path):
-    subprocess.run([sys.executable, "-m", "gpulse.influx.downsample", "--write", str(tmp_path)], check=True)
-    task = tmp_path / "tasks" / "gpulse_raw_to_1m.flux"
-    task.write_text(task.read_text() + "// edited by hand\n")
-    r = subprocess.run(
-        [sys.executable, "-m", "gpulse.influx.downsample", "--check", str(tmp_path)], capture_output=True, text=True
-    )
-    assert r.returncode == 1 and "tasks/gpulse_raw_to_1m.flux" in r.stderr
 
 
 def test_an_output_name_that_collides_with_another_field_is_refused(monkeypatch):

@@ -10,6 +10,7 @@ Then ``gpulse recompute`` (v1 on the real server, v2 against the 2.9.1 stand-in)
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 import time
@@ -209,8 +210,11 @@ def test_points_within_the_lookback_need_no_advice_older_ones_get_the_command():
     command = advice.splitlines()[-1].strip()
     assert shlex.split(command) == [
         "gpulse", "recompute", "--start", "2027-01-14T01:00:00Z", "--stop", "2027-01-14T04:00:00Z",
-        "--url", "http://db:8086", "--api", "v2", "--org", "ml", "--bucket", "gpu", "--token-file", "/etc/t",
+        "--url", "http://db:8086", "--org", "ml", "--bucket", "gpu", "--token-file", "/etc/t",
     ]  # fmt: skip
+    from_file = dataclasses.replace(conn, config_path="/etc/gpulse.toml")  # the settings came from a config file
+    command = lookback_advice(now - 30 * HOUR, now, from_file, now_ns=now).splitlines()[-1].strip()
+    assert shlex.split(command)[6:8] == ["--config", "/etc/gpulse.toml"]
 
 
 def test_the_recompute_commands_the_influxdb_readme_shows_run_as_shown(server, tmp_path, clean_env):

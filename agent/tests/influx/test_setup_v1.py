@@ -14,7 +14,7 @@ from support.fixtures import REPO, gpulse_cmd
 from support.influxd import InfluxDB1
 
 from gpulse.influx.connection import Connection
-from gpulse.influx.downsample import TIERS, continuous_queries, output_fields, parse_duration
+from gpulse.influx.downsample import TIERS, continuous_queries, parse_duration, pipelines
 from gpulse.influx.setup.common import shard_group_seconds
 from gpulse.influx.setup.v1 import downsample_now, setup_v1
 from gpulse.lineprotocol.encode import Encoder
@@ -274,7 +274,7 @@ def test_downsampling_on_the_real_server_matches_values_computed_in_python(serve
         assert r["energy_mj"] == max(m["energy_mj"] for m in minutes)
 
     keys = {r["fieldKey"] for r in server.rows('SHOW FIELD KEYS FROM "gpulse"."1m"."gpu"')}
-    assert keys <= output_fields(TIERS[0])["gpu"]
+    assert keys <= {out for p in pipelines(TIERS[0]) for _, out in p.outputs("gpu")}
     types = {r["fieldKey"]: r["fieldType"] for r in server.rows('SHOW FIELD KEYS FROM "gpulse"."1m"."gpu"')}
     assert (
         types["mem_used_bytes"] == "float"

@@ -1,8 +1,9 @@
 """The agent's own settings: TOML file < ``GPULSE_*`` environment < flags.
 
 The TOML file has two tables: ``[agent]`` (the keys of :class:`AgentConfig`, see
-``gpulse.toml.example``) and ``[connection]`` (resolved by :func:`gpulse.influx.connection.resolve_connection`,
-so every command reads the database settings the same way). Unknown keys are refused: a typo in a
+``gpulse.toml.example``) and ``[connection]`` (resolved by :func:`gpulse.agent.connection_config.resolve_connection`;
+every command that talks to a database reads it through :func:`load_connection`, so all read the database
+settings the same way). Unknown keys are refused: a typo in a
 config file must not silently fall back to a default.
 
 Every value is validated here, once, with a message that names the setting and says how to fix it,
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gpulse.influx.connection import ConfigError, Connection, resolve_connection
+from gpulse.agent.connection_config import CONNECTION_KEYS, config_path, resolve_connection
+from gpulse.influx.connection import ConfigError, Connection
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -165,8 +167,6 @@ _SETTINGS: dict[str, _Conv] = {
     "max_bytes": parse_size,
     "replay_spool_to_new_destination": _bool,
 }
-#: keys allowed in the TOML ``[connection]`` table (the token itself is refused by resolve_connection)
-CONNECTION_KEYS = ("url", "api", "org", "bucket", "token_file")
 
 
 def env_name(setting: str) -> str:
@@ -203,12 +203,22 @@ def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def load_connection(
+    args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None, *, url_optional: bool = False
+) -> Connection:
+    """Any command's connection: the config file's ``[connection]`` < environment < flags (and defaults)."""
+    env = os.environ if env is None else env
+    path = config_path(args, env)
+    table = load_toml(path).get("connection", {}) if path else {}
+    return resolve_connection(args, env, table, url_optional=url_optional, config_path=path)
+
+
 def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> AgentConfig:
     """Merge the TOML file (``--config`` or ``GPULSE_CONFIG``) < environment < flags, and validate."""
     env = os.environ if env is None else env
     a = vars(args) if args is not None else {}
-    config_path = a.get("config") or env.get("GPULSE_CONFIG") or None
-    data = load_toml(config_path) if config_path else {}
+    path = config_path(args, env)
+    data = load_toml(path) if path else {}
     toml_agent: dict[str, Any] = data.get("agent", {})
 
     values: dict[str, Any] = {}
@@ -218,20 +228,20 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         elif env.get(env_name(name)):
             raw, where = env[env_name(name)], env_name(name)
         elif name in toml_agent:
-            raw, where = toml_agent[name], f"{name} in {config_path}"
+            raw, where = toml_agent[name], f"{name} in {path}"
         else:
             continue
         values[name] = conv(raw, where)
 
     record = values.get("record")
-    conn = resolve_connection(args, env, data.get("connection"), url_optional=bool(record))
+    conn = resolve_connection(args, env, data.get("connection"), url_optional=bool(record), config_path=path)
     values.setdefault("spool_dir", default_spool_dir(env))
     values["spool_dir"] = os.path.expanduser(values["spool_dir"])
     if record:
         values["record"] = os.path.expanduser(record)
     if not values.get("host"):
         values["host"] = socket.gethostname()
-    cfg = AgentConfig(connection=conn, config_path=config_path, **values)
+    cfg = AgentConfig(connection=conn, config_path=path, **values)
     validate(cfg)
     return cfg
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from gpulse.influx.connection import DEFAULT_BUCKET, DEFAULT_ORG, DEFAULT_URL, Connection
+from gpulse.influx.connection import DEFAULT_URL, Connection
 
 
 def command(*args: str) -> str:
@@ -18,23 +18,9 @@ def command(*args: str) -> str:
     return shlex.join(["gpulse", *args])
 
 
-def connection_flags(conn: Connection) -> list[str]:
-    """Flags that name ``conn`` again (the token by the file it came from; ``GPULSE_TOKEN`` stays in the env)."""
-    flags = ["--url", conn.url or DEFAULT_URL]
-    if conn.api != "v2":
-        flags += ["--api", conn.api]
-    if conn.api == "v2" and conn.org != DEFAULT_ORG:
-        flags += ["--org", conn.org]
-    if conn.bucket != DEFAULT_BUCKET:
-        flags += ["--bucket", conn.bucket]
-    if conn.token_source.startswith("file "):
-        flags += ["--token-file", conn.token_source.removeprefix("file ")]
-    return flags
-
-
 def setup_command(conn: Connection) -> str:
-    """``gpulse setup`` for this very connection."""
-    return command("setup", *connection_flags(conn))
+    """``gpulse setup`` for this very connection (its config file too, when it came from one)."""
+    return command("setup", *conn.command_flags())
 
 
 def docker_engine_answers() -> bool:

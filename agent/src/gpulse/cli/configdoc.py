@@ -2,7 +2,7 @@
 
 The command flags come from each command's own argparse parser (the one ``gpulse <command>``
 builds), the agent settings from :mod:`gpulse.agent.config`, the connection settings from
-:mod:`gpulse.influx.connection`, and the list of ``GPULSE_*`` environment variables from the package's
+:mod:`gpulse.agent.connection_config`, and the list of ``GPULSE_*`` environment variables from the package's
 source, so a flag or variable added anywhere shows up here at the next ``make generate``; a test
 fails while the checked-in file differs.
 
@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 ENV_DOCS = {
     "GPULSE_TOKEN": "the API token itself (v2), or `user:password` (v1); prefer `GPULSE_TOKEN_FILE`",
     "GPULSE_TOKEN_FILE": "file holding the token (same as `--token-file`)",
-    "GPULSE_CONFIG": "the agent's TOML file (same as `--config`)",
+    "GPULSE_CONFIG": "the TOML file of every command that talks to a database (same as `--config`)",
     "GPULSE_SOCKET": "the agent: same as `--socket`; training processes and `gpulse status`: the agent socket to talk to",
     "GPULSE_SOCKET_GROUP": "the agent: same as `--socket-group`; training processes and `gpulse status`: also trust an agent socket of this group",
     "GPULSE_RUN_ID": "training processes: the run id shared by every rank (else TORCHELASTIC_RUN_ID, SLURM_JOB_ID, or rank 0's)",
@@ -102,7 +102,7 @@ def env_variables() -> dict[str, list[str]]:
     for setting in config.setting_names():
         found.setdefault(config.env_name(setting), ["gpulse/config.py"])
     for key in config.CONNECTION_KEYS:
-        found.setdefault(f"GPULSE_{key.upper()}", ["gpulse/connection.py"])
+        found.setdefault(f"GPULSE_{key.upper()}", ["gpulse/agent/connection_config.py"])
     return dict(sorted(found.items()))
 
 
@@ -140,8 +140,10 @@ def render() -> str:
         "",
         "Generated from the code by `python -m gpulse.cli.configdoc` (`make generate`); a test fails when this file differs.",
         "",
-        "Every setting can come from three places; a later one wins: the TOML file (`--config gpulse.toml` or "
-        "`GPULSE_CONFIG`), the environment (`GPULSE_*`), the command line. The token is read only from a file "
+        "Every setting can come from three places, with one rule for every command: **flags > environment "
+        "(`GPULSE_*`) > config file (`--config gpulse.toml` or `GPULSE_CONFIG`) > defaults**. Every command that "
+        "talks to a database takes `--config`, and a command gpulse advises names the file again "
+        "(`gpulse setup --config gpulse.toml ...`). The token is read only from a file "
         "(`--token-file`, `token_file`, `GPULSE_TOKEN_FILE`) or from `GPULSE_TOKEN`: never from a flag value and "
         "never from the TOML file, and it is never logged.",
         "",

@@ -1,9 +1,10 @@
-"""The database connection flags every command shares: --url --api --org --bucket --token-file.
+"""The typed database connection every command talks through: URL, API, org, bucket, credentials.
 
-Precedence: TOML file (``[connection]`` table) < ``GPULSE_*`` environment < flags. The token
-comes only from ``--token-file`` (or ``token_file`` in TOML / ``GPULSE_TOKEN_FILE``) or from the
-``GPULSE_TOKEN`` environment variable: never from a flag value, and it is never logged
-(``repr`` hides it).
+Read from flags, environment and config file by :mod:`gpulse.agent.connection_config`; here only the
+record, what it means (v1 database and retention policy, the ``Authorization`` header), an HTTP client
+for it, and the flags that name it again in advice. The token is never shown (``repr`` hides it).
+Every command loads this record (``gpulse status`` too, for :class:`ConfigError`), so the HTTP stack
+(:mod:`gpulse.influx.http`, which knows nothing of this record) is imported only where a request is made.
 
 For ``--api v1`` the bucket is ``database`` or ``database/retention-policy`` (as InfluxDB's
 own 1.x compatibility API spells it) and the token, if any, is ``user:password``.
@@ -11,13 +12,11 @@ own 1.x compatibility API spells it) and the token, if any, is ``user:password``
 
 from __future__ import annotations
 
-import argparse
-import os
-import stat
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpulse.influx.http import HttpClient
 
 DEFAULT_URL = "http://127.0.0.1:8086"
 DEFAULT_ORG = "gpulse"
@@ -37,6 +36,8 @@ class Connection:
     bucket: str = DEFAULT_BUCKET
     token: str = field(default="", repr=False)
     token_source: str = ""  # where the token came from, safe to log
+    #: the config file the settings were read with, if any (advice names it again)
+    config_path: str | None = field(default=None, compare=False)
     timeout_s: float = 10.0
     verify_ssl: bool = True
 
@@ -64,7 +65,7 @@ class Connection:
     @property
     def authorization(self) -> str | None:
         """The ``Authorization`` header: Basic ``user:password`` for v1, ``Token …`` for v2; ``None`` without a token."""
-        from gpulse.influx.http import basic_auth, token_auth
+        from gpulse.influx.http import basic_auth, token_auth  # the HTTP stack only where a request is made
 
         if not self.token:
             return None
@@ -78,107 +79,31 @@ class Connection:
         auth = f"token from {self.token_source}" if self.token else "no token"
         return f"{where} api={self.api} org={self.org} bucket={self.bucket} ({auth})"
 
+    def http_client(self, *, timeout_s: float | None = None, max_body: int | None = None) -> HttpClient:
+        """A client for this connection: its URL, credentials, deadline and TLS check (``timeout_s`` and
+        ``max_body`` override the connection's deadline and the client's default answer cap)."""
+        from gpulse.influx.http import DEFAULT_MAX_BODY, HttpClient
 
-def add_connection_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("database connection (shared by every command)")
-    g.add_argument("--url", help=f"InfluxDB URL (default {DEFAULT_URL}; env GPULSE_URL)")
-    g.add_argument(
-        "--api", choices=APIS, help="v2 (default: InfluxDB 2.x, 3.x, Cloud) or v1 (InfluxDB 1.x); env GPULSE_API"
-    )
-    g.add_argument("--org", help=f"organisation (v2; default {DEFAULT_ORG}; env GPULSE_ORG)")
-    g.add_argument(
-        "--bucket",
-        help=f"bucket (v2) or database[/retention-policy] (v1) (default {DEFAULT_BUCKET}; env GPULSE_BUCKET)",
-    )
-    g.add_argument(
-        "--token-file",
-        help="file holding the API token (v2) or user:password (v1); env GPULSE_TOKEN_FILE, or the token itself in GPULSE_TOKEN",
-    )
-
-
-def read_token_file(path: str | os.PathLike[str]) -> str:
-    p = Path(path).expanduser()
-    try:
-        mode = p.stat().st_mode
-        text = p.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        raise ConfigError(f"token file {p} does not exist") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read token file {p}: {e.strerror}") from None
-    if not text:
-        raise ConfigError(f"token file {p} is empty")
-    if "\n" in text:
-        raise ConfigError(f"token file {p} must hold the token on one line")
-    if mode & (stat.S_IRGRP | stat.S_IROTH):
-        import logging
-
-        who = "other users" if mode & stat.S_IROTH else "its group"
-        logging.getLogger("gpulse").warning(
-            "token file %s is readable by %s (mode %04o); chmod 600 it", p, who, stat.S_IMODE(mode)
+        return HttpClient(
+            self.url or "",
+            authorization=self.authorization,
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+            verify_tls=self.verify_ssl,
+            max_body=DEFAULT_MAX_BODY if max_body is None else max_body,
         )
-    return text
 
-
-def check_url(url: str) -> str:
-    """The URL without a trailing slash; a ConfigError for anything but ``http(s)://host[:port][/path]``.
-
-    Credentials in it (``http://user:password@host``) are refused, not silently dropped: they would be
-    echoed in logs, ``gpulse status``, ``doctor``, ``--check`` and ``ps``, and never sent."""
-    from gpulse.influx.http import parse_url
-
-    url = url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        if "@" in url:  # never echo what may be a password
-            raise ConfigError("--url must start with http:// or https://")
-        raise ConfigError(f"--url must start with http:// or https://, not {url!r}")
-    try:
-        parse_url(url)
-    except ValueError as e:
-        raise ConfigError(f"--url: {e}") from None
-    return url
-
-
-def resolve_connection(
-    args: argparse.Namespace | None = None,
-    env: Mapping[str, str] | None = None,
-    toml: Mapping[str, Any] | None = None,
-    *,
-    url_optional: bool = False,
-) -> Connection:
-    """Merge TOML < environment < flags into a :class:`Connection`."""
-    env = os.environ if env is None else env
-    toml = toml or {}
-    a = vars(args) if args is not None else {}
-
-    def pick(name: str, default: Any) -> Any:
-        if a.get(name) is not None:
-            return a[name]
-        ev = env.get(f"GPULSE_{name.upper()}")
-        if ev:
-            return ev
-        if toml.get(name) is not None:
-            return toml[name]
-        return default
-
-    url = pick("url", None if url_optional else DEFAULT_URL)
-    api = pick("api", "v2")
-    if api not in APIS:
-        raise ConfigError(f"--api must be v2 or v1, not {api!r}")
-    org = pick("org", DEFAULT_ORG)
-    bucket = pick("bucket", DEFAULT_BUCKET)
-    if not bucket:
-        raise ConfigError("--bucket must not be empty")
-    if "token" in toml:
-        raise ConfigError("put the token in a file and set token_file; a token in the TOML file is refused")
-    token, source = "", ""
-    token_file = a.get("token_file") or env.get("GPULSE_TOKEN_FILE") or toml.get("token_file")
-    if token_file:
-        token, source = read_token_file(token_file), f"file {token_file}"
-    elif env.get("GPULSE_TOKEN"):
-        token, source = env["GPULSE_TOKEN"].strip(), "GPULSE_TOKEN"
-    if url is not None:
-        url = check_url(str(url))
-    conn = Connection(url=url, api=api, org=org, bucket=bucket, token=token, token_source=source)
-    if api == "v1":
-        conn.v1_credentials  # noqa: B018 - validates the token shape early
-    return conn
+    def command_flags(self) -> list[str]:
+        """The flags that name this connection again in a printed command: ``--config`` when the
+        settings came from a file, then every value that differs from the defaults (the token by the
+        file it came from; a token from the environment stays there)."""
+        flags = ["--config", self.config_path] if self.config_path else []
+        flags += ["--url", self.url or DEFAULT_URL]
+        if self.api != "v2":
+            flags += ["--api", self.api]
+        if self.api == "v2" and self.org != DEFAULT_ORG:
+            flags += ["--org", self.org]
+        if self.bucket != DEFAULT_BUCKET:
+            flags += ["--bucket", self.bucket]
+        if self.token_source.startswith("file "):
+            flags += ["--token-file", self.token_source.removeprefix("file ")]
+        return flags

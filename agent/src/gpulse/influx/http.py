@@ -15,14 +15,14 @@ Why our own client on :mod:`http.client`, and no ``influxdb-client`` (decided fo
   a stalled server.
 * **One stack for both APIs.** ``influxdb-client`` speaks only the v2 API; the v1 sink, InfluxQL and
   the probes needed their own code anyway (three stacks, three ways to read an error). Its import
-  costs ~160 ms and ~40 MiB (``bench/bench_import.py``) for what is here a few POSTs and GETs, and
+  is heavy (``bench/bench_import.py``, figures in BENCHMARKS.md) for what is here a few POSTs and GETs, and
   its ping/health/version helpers swallow the headers that tell InfluxDB 1.x from 2.x. So it is
   not a runtime dependency; it stays in the ``test`` extra as the benchmarks' baseline.
 
 The API (stable: setup, the sinks, InfluxQL and the probe all use it)::
 
     client = HttpClient("http://127.0.0.1:8086", authorization=token_auth(token), timeout_s=10)
-    client = HttpClient.for_connection(conn)          # the same from a Connection (URL, credentials, TLS)
+    client = conn.http_client()                       # the same from a Connection (URL, credentials, TLS)
     r = client.request("POST", "/api/v2/write", params={"org": o, "bucket": b}, body=data, gzip=True)
     r.status, r.headers, r.body, r.ok, r.message()      # Response; r.json() decodes the body
     doc = client.call("GET", "/api/v2/buckets", params={"name": "gpulse"})   # JSON in and out
@@ -55,12 +55,9 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.message import Message
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpulse import __version__
-
-if TYPE_CHECKING:
-    from gpulse.influx.connection import Connection
 
 DEFAULT_TIMEOUT_S = 10.0
 #: what an answer to a write or a probe may hold before it is cut
@@ -179,7 +176,7 @@ def basic_auth(user: str, password: str) -> str:
 
 
 def gzip_body(body: bytes) -> bytes:
-    """gzip at level 1: line protocol compresses ~10x even so, and the agent's CPU matters more."""
+    """gzip at level 1: line protocol compresses well even so, and the agent's CPU matters more."""
     return _gzip.compress(body, compresslevel=1, mtime=0)
 
 
@@ -237,19 +234,6 @@ class HttpClient:
         self._state = threading.Lock()  # guards _conn/_closed between request() and close()
         self._conn: http.client.HTTPConnection | None = None
         self._closed = False
-
-    @classmethod
-    def for_connection(
-        cls, conn: Connection, *, timeout_s: float | None = None, max_body: int = DEFAULT_MAX_BODY
-    ) -> HttpClient:
-        """A client for ``conn``: its URL, credentials (:attr:`Connection.authorization`), deadline and TLS check."""
-        return cls(
-            conn.url or "",
-            authorization=conn.authorization,
-            timeout_s=conn.timeout_s if timeout_s is None else timeout_s,
-            verify_tls=conn.verify_ssl,
-            max_body=max_body,
-        )
 
     def __repr__(self) -> str:
         return f"HttpClient({self.url!r})"  # never the authorization

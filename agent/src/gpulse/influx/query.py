@@ -11,12 +11,12 @@ import urllib.parse
 from typing import Any
 
 from gpulse.influx.connection import ConfigError, Connection
-from gpulse.influx.http import HttpClient, TransportError
+from gpulse.influx.http import TransportError
 from gpulse.influx.server import Diagnosis, Explainer
 
 #: a query's total deadline (a run's report reads every step and GPU sample of the run)
 QUERY_TIMEOUT_S = 120.0
-#: the largest answer read (a week of 8 GPUs at 1 s is ~300 MB of JSON)
+#: the largest answer read (a week of 8 GPUs sampled every second is hundreds of MB of JSON)
 QUERY_MAX_BODY = 1 << 30
 
 
@@ -40,7 +40,7 @@ class InfluxQL:
             raise ConfigError("this command needs --url")
         self.conn = conn
         self.timeout = timeout or max(conn.timeout_s, QUERY_TIMEOUT_S)
-        self.http = HttpClient.for_connection(conn, timeout_s=self.timeout, max_body=QUERY_MAX_BODY)
+        self.http = conn.http_client(timeout_s=self.timeout, max_body=QUERY_MAX_BODY)
         self.explainer = Explainer(conn)
 
     def raw(self, q: str, db: str | None = None, epoch: str = "ns") -> dict[str, Any]:
@@ -89,17 +89,3 @@ class InfluxQL:
                     row["_measurement"] = s.get("name")
                     out.append(row)
         return out
-
-    def execute(self, q: str, db: str | None = None) -> None:
-        """Run a statement (CREATE ..., DROP ...) and raise on error."""
-        self.raw(q, db=db)
-
-
-def quote_ident(name: str) -> str:
-    """An InfluxQL identifier in double quotes."""
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def quote_string(value: str) -> str:
-    """An InfluxQL string literal in single quotes."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import enum
 import re
+import shlex
 from dataclasses import dataclass
 
 from gpulse.influx.connection import Connection
 from gpulse.influx.http import HttpClient, TransportError
+from gpulse.influx.tiers import RAW, TIERS
 
 
 class Problem(str, enum.Enum):
@@ -173,12 +175,10 @@ def refused_credentials(conn: Connection, status: int) -> Diagnosis:
 
 
 def _setup_fix(conn: Connection) -> str:
-    return f"run `gpulse setup --api {conn.api}` with the same connection flags (it creates what is missing)"
+    return f"run `{shlex.join(['gpulse', 'setup', *conn.command_flags()])}` (it creates what is missing)"
 
 
 def missing_retention_policy(conn: Connection) -> Diagnosis:
-    from gpulse.influx.downsample import RAW, TIERS
-
     made = ", ".join([f"{RAW} (the default)", *(t.name for t in TIERS)])
     return Diagnosis(
         Problem.LAYOUT,

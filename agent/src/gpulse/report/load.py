@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gpulse.channel.recording import read_records
-from gpulse.influx.query import InfluxQL, quote_ident, quote_string
+from gpulse.influx.query import InfluxQL
+from gpulse.influx.quoting import quote_ident, quote_string
 from gpulse.lineprotocol.parse import LineError
 from gpulse.report.model import step_end_ns, step_start_ns
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from gpulse.influx.connection import Connection
-from gpulse.influx.http import Failure, HttpClient, TransportError
+from gpulse.influx.http import Failure, TransportError
 from gpulse.influx.server import Explainer
 from gpulse.sinks.base import Sink, encode_body
 from gpulse.sinks.errors import ErrorKind, WriteError, classify_http
@@ -53,7 +53,7 @@ class InfluxSink(Sink):
         self.conn = conn
         self.url = conn.url or ""
         self.params = dict(params)
-        self.http = HttpClient.for_connection(conn)
+        self.http = conn.http_client()
         self.explainer = Explainer(conn)
         self._log = CountedLog(log)
 

@@ -99,7 +99,8 @@ def check_bucket(ctx: Context) -> Result:
 
     conn = ctx.conn
     if conn.api == "v1":
-        from gpulse.influx.query import QueryError, quote_ident
+        from gpulse.influx.query import QueryError
+        from gpulse.influx.quoting import quote_ident
 
         try:
             with _influxql(ctx) as q:
@@ -141,11 +142,11 @@ def _layout_problem(d: Any, fix: str, have: list[str] | None = None) -> Result:
 
 def _v2_get(ctx: Context, path: str, params: dict[str, Any], *, name: str = "token") -> Any:
     """GET a v2 management endpoint: the decoded JSON, or the failed :class:`Result` (refusals classified)."""
-    from gpulse.influx.http import HttpClient, HTTPStatusError, TransportError
+    from gpulse.influx.http import HTTPStatusError, TransportError
     from gpulse.influx.server import Explainer
 
     try:
-        with HttpClient.for_connection(ctx.conn) as client:
+        with ctx.conn.http_client() as client:
             return client.get_json(path, params=params)
     except HTTPStatusError as e:
         status, message = e.response.status, e.response.message()
@@ -162,13 +163,14 @@ def _setup_fix(conn: Connection) -> str:
 def check_layout(ctx: Context) -> Result:
     """v1: the retention policies of the tiers, raw the default; v2: the tiers' buckets and the DBRP
     mappings Grafana's InfluxQL needs."""
-    from gpulse.influx.downsample import RAW, TIERS
+    from gpulse.influx.tiers import RAW, TIERS
 
     conn = ctx.conn
     tiers = [RAW, *(t.name for t in TIERS)]
     fix = _setup_fix(conn)
     if conn.api == "v1":
-        from gpulse.influx.query import QueryError, quote_ident
+        from gpulse.influx.query import QueryError
+        from gpulse.influx.quoting import quote_ident
 
         try:
             with _influxql(ctx) as q:
@@ -188,7 +190,7 @@ def check_layout(ctx: Context) -> Result:
 
 
 def _layout_v2(ctx: Context, tiers: list[str], fix: str) -> Result:
-    from gpulse.influx.downsample import bucket_name
+    from gpulse.influx.tiers import bucket_name
 
     conn = ctx.conn
     orgs = _v2_get(ctx, "/api/v2/orgs", {"org": conn.org}, name="layout")
@@ -227,7 +229,7 @@ def _layout_v2(ctx: Context, tiers: list[str], fix: str) -> Result:
 
 def _rp_duration(go: str) -> str:
     """``720h0m0s`` -> ``30d``, ``0s`` -> ``INF``: as `gpulse setup` spells retentions."""
-    from gpulse.influx.downsample import parse_duration
+    from gpulse.influx.durations import parse_duration
     from gpulse.influx.setup.common import influx_duration
 
     try:
@@ -244,7 +246,8 @@ def _human_seconds(secs: int | None) -> str:
 
 def check_downsampling(ctx: Context) -> Result:
     """v1: the continuous queries exist; v2: the tasks exist, are active, and their last run succeeded."""
-    from gpulse.influx.downsample import TIERS, continuous_queries, task_name
+    from gpulse.influx.downsample import continuous_queries
+    from gpulse.influx.tiers import TIERS, task_name
 
     conn = ctx.conn
     fix = _setup_fix(conn)

@@ -43,10 +43,10 @@ def agent_command(ctx: Context, *extra: str) -> str:
     args = ["agent"]
     if simulate := ctx.simulate():
         args += ["--simulate", str(simulate)]
-    if cfg.config_path:
+    if cfg.connection.url:  # with --config first when the settings came from a file
+        args += cfg.connection.command_flags()
+    elif cfg.config_path:
         args += ["--config", cfg.config_path]
-    if cfg.connection.url:
-        args += advice.connection_flags(cfg.connection)
     if cfg.record:
         args += ["--record", cfg.record]
     if cfg.spool_dir != default_spool_dir():

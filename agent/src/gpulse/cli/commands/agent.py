@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from gpulse.influx.connection import add_connection_flags
+from gpulse.agent.connection_config import add_connection_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", metavar="FILE", help="TOML file with [agent] and [connection] tables (env GPULSE_CONFIG)"
-    )
     add_connection_flags(parser)
     g = parser.add_argument_group("sampling")
     g.add_argument("--interval", type=float, metavar="S", help="sampling interval in seconds (default 1, minimum 0.1)")

@@ -15,7 +15,8 @@ import os
 import sys
 import time
 
-from gpulse.influx.connection import DEFAULT_URL, ConfigError, add_connection_flags
+from gpulse.agent.connection_config import add_connection_flags
+from gpulse.influx.connection import DEFAULT_URL, ConfigError
 
 #: The admin token ``make up`` generates (see .env.example); the demo's default credentials.
 LOCAL_STACK_TOKEN_FILE = "secrets/influxdb-admin-token"
@@ -52,21 +53,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def connection(args: argparse.Namespace):
-    """Flags < env as everywhere; with nothing given, the local stack with the token ``make up`` made."""
-    from gpulse.influx.connection import resolve_connection
+    """Flags > env > config file as everywhere; with no token given, the local stack's with the token
+    ``make up`` made."""
+    from gpulse.agent.config import load_connection
 
-    env = dict(os.environ)
-    explicit = args.token_file or env.get("GPULSE_TOKEN_FILE") or env.get("GPULSE_TOKEN")
-    url = args.url or env.get("GPULSE_URL")
-    api = args.api or env.get("GPULSE_API") or "v2"
-    if (
-        not explicit
-        and api == "v2"
-        and (url or DEFAULT_URL).rstrip("/") == DEFAULT_URL
-        and os.path.isfile(LOCAL_STACK_TOKEN_FILE)
-    ):
-        env["GPULSE_TOKEN_FILE"] = LOCAL_STACK_TOKEN_FILE
-    return resolve_connection(args, env, url_optional=bool(args.record))
+    conn = load_connection(args, url_optional=bool(args.record))
+    local = conn.api == "v2" and (conn.url or "").rstrip("/") == DEFAULT_URL
+    if conn.token or not local or not os.path.isfile(LOCAL_STACK_TOKEN_FILE):
+        return conn
+    return load_connection(
+        args, {**os.environ, "GPULSE_TOKEN_FILE": LOCAL_STACK_TOKEN_FILE}, url_optional=bool(args.record)
+    )
 
 
 def grafana_base(args: argparse.Namespace) -> str:
@@ -215,4 +212,4 @@ def report_command(args: argparse.Namespace, conn, run_id: str) -> str:
 
     if not conn.url:
         return advice.command("report", "--from-file", args.record, "--html", "--out", args.out)
-    return advice.command("report", "--run", run_id, *advice.connection_flags(conn), "--html", "--out", args.out)
+    return advice.command("report", "--run", run_id, *conn.command_flags(), "--html", "--out", args.out)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpulse.influx.connection import add_connection_flags
+from gpulse.agent.connection_config import add_connection_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from gpulse.agent.config import SIMULATE_MODELS
     from gpulse.cli.doctor import CHECK_NAMES
 
-    parser.add_argument("--config", metavar="FILE", help="the agent's TOML file (env GPULSE_CONFIG)")
     add_connection_flags(parser)
     parser.add_argument("--spool-dir", metavar="DIR", help="the agent's spool (default $XDG_STATE_HOME/gpulse/spool)")
     parser.add_argument(

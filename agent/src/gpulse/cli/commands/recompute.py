@@ -16,7 +16,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from gpulse.influx.connection import ConfigError, add_connection_flags
+from gpulse.agent.connection_config import add_connection_flags
+from gpulse.influx.connection import ConfigError
 
 HOUR_NS = 3600 * 10**9
 _AGO = re.compile(r"^\d+(?:\.\d+)?(ns|us|µs|u|µ|ms|s|m|h|d|w)$")
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_time(text: str, now_ns: int) -> int:
     """Nanoseconds of an RFC 3339 time, a date (midnight UTC), or a duration before ``now_ns``."""
-    from gpulse.influx.downsample import parse_duration
+    from gpulse.influx.durations import parse_duration
 
     t = text.strip()
     if _AGO.match(t):
@@ -64,11 +65,12 @@ def _when(ts_ns: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpulse.influx.connection import resolve_connection
-    from gpulse.influx.downsample import TIERS, parse_duration
+    from gpulse.agent.config import load_connection
+    from gpulse.influx.durations import parse_duration
     from gpulse.influx.setup.common import SetupError
+    from gpulse.influx.tiers import TIERS
 
-    conn = resolve_connection(args)
+    conn = load_connection(args)
     now = time.time_ns()
     start = parse_time(args.start, now)
     stop = parse_time(args.stop, now) if args.stop else now

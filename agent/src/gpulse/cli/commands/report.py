@@ -13,7 +13,8 @@ import os
 import sys
 from typing import Any
 
-from gpulse.influx.connection import ConfigError, add_connection_flags, resolve_connection
+from gpulse.agent.connection_config import add_connection_flags
+from gpulse.influx.connection import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,19 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         help="override a diagnosis threshold (repeatable; names in docs/report.md)",
     )
-    parser.add_argument("--config", metavar="FILE", help="TOML file with a [connection] table (env GPULSE_CONFIG)")
     add_connection_flags(parser)
-
-
-def connection_from(args: argparse.Namespace):
-    """The connection from flags < env < the ``[connection]`` table of ``--config`` (shared with upload)."""
-    toml: dict[str, Any] = {}
-    path = getattr(args, "config", None) or os.environ.get("GPULSE_CONFIG")
-    if path:
-        from gpulse.agent.config import load_toml
-
-        toml = load_toml(path).get("connection", {})
-    return resolve_connection(args, toml=toml)
 
 
 def _choose(run: str | None, runs: list[str], where: str) -> str:
@@ -84,10 +73,11 @@ def run(args: argparse.Namespace) -> int:
         run_id = _choose(args.run, runs_in(rows), ", ".join(args.from_file))
         data = load_files(rows, run_id)
     else:
+        from gpulse.agent.config import load_connection
         from gpulse.influx.query import InfluxQL, QueryError
         from gpulse.influx.server import ServerProblem, probe_connection
 
-        conn = connection_from(args)
+        conn = load_connection(args)
         try:
             info = probe_connection(conn)  # the wrong --api is said as such, not as "HTTP 401"
         except ServerProblem as e:

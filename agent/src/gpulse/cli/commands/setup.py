@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from gpulse.influx.connection import add_connection_flags, resolve_connection
+from gpulse.agent.connection_config import add_connection_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,10 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpulse.influx.downsample import parse_duration
+    from gpulse.agent.config import load_connection
+    from gpulse.influx.durations import parse_duration
     from gpulse.influx.setup.common import SetupError
 
-    conn = resolve_connection(args)
+    conn = load_connection(args)
     try:
         if conn.api == "v1":
             from gpulse.influx.setup import v1 as impl

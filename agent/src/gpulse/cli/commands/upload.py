@@ -25,7 +25,8 @@ import sys
 import time
 from collections.abc import Iterator
 
-from gpulse.influx.connection import ConfigError, Connection, add_connection_flags
+from gpulse.agent.connection_config import add_connection_flags
+from gpulse.influx.connection import ConfigError, Connection
 
 MAX_REPORTED = 20
 
@@ -44,7 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "what will not get better (credentials, a missing database or retention policy) fails at once",
     )
     parser.add_argument("--dead-letter", metavar="FILE", help="append lines the server rejects here, with the reason")
-    parser.add_argument("--config", metavar="FILE", help="TOML file with a [connection] table (env GPULSE_CONFIG)")
     add_connection_flags(parser)
 
 
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"checked {len(args.files)} file(s): {checked.valid} valid lines, {len(checked.bad)} invalid")
         return 3 if checked.bad else 0
 
-    from gpulse.cli.commands.report import connection_from
+    from gpulse.agent.config import load_connection
     from gpulse.delivery.oneshot import DeliveryResult, deliver_batches
     from gpulse.influx.downsample import lookback_advice
     from gpulse.influx.server import Problem, ServerProblem, probe_connection
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from gpulse.sinks.influx import InfluxSink
     from gpulse.util.progress import Progress
 
-    conn = connection_from(args)
+    conn = load_connection(args)
     total = count_lines(args.files)
     try:
         info = probe_connection(conn)

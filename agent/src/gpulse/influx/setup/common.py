@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpulse.influx import server
-from gpulse.influx.downsample import RAW, RAW_RETENTION, TIERS, parse_duration
+from gpulse.influx.durations import parse_duration
 from gpulse.influx.http import HttpClient, TransportError
 from gpulse.influx.server import ServerInfo
+from gpulse.influx.tiers import RAW, RAW_RETENTION, TIERS
 
 __all__ = [
     "ServerInfo",

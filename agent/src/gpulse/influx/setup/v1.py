@@ -12,15 +12,10 @@ from __future__ import annotations
 import re
 
 from gpulse.influx.connection import Connection
-from gpulse.influx.downsample import (
-    RAW,
-    TIERS,
-    continuous_queries,
-    downsampled_measurements,
-    influxql_select,
-    parse_duration,
-)
-from gpulse.influx.query import InfluxQL, QueryError, quote_ident
+from gpulse.influx.downsample import continuous_queries, downsampled_measurements, influxql_select
+from gpulse.influx.durations import parse_duration
+from gpulse.influx.query import InfluxQL, QueryError
+from gpulse.influx.quoting import quote_ident
 from gpulse.influx.server import refused_credentials
 from gpulse.influx.setup.common import (
     SetupError,
@@ -30,6 +25,7 @@ from gpulse.influx.setup.common import (
     retentions,
     shard_group_seconds,
 )
+from gpulse.influx.tiers import RAW, TIERS
 
 _MANAGED_CQ = re.compile("gpulse_(" + "|".join(re.escape(t.name) for t in TIERS) + ")_")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulse.influx.connection import Connection
-from gpulse.influx.downsample import RAW, TIERS, bucket_name, flux_query, flux_task, task_name
+from gpulse.influx.downsample import flux_query, flux_task
 from gpulse.influx.http import HttpClient, HTTPStatusError, TransportError, token_auth
 from gpulse.influx.server import refused_credentials
 from gpulse.influx.setup.common import (
@@ -35,6 +35,7 @@ from gpulse.influx.setup.common import (
     retentions,
     shard_group_seconds,
 )
+from gpulse.influx.tiers import RAW, TIERS, bucket_name, task_name
 
 log = logging.getLogger("gpulse.setup")
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from support.fixtures import gpulse_cmd
 
-from gpulse.influx.connection import ConfigError, read_token_file, resolve_connection
+from gpulse.agent.connection_config import read_token_file, resolve_connection
+from gpulse.influx.connection import ConfigError
 
 SECRET_URL = "http://admin:S3cret-pw@127.0.0.1:8086"
 
@@ -60,3 +61,23 @@ def test_a_token_file_readable_by_anyone_but_its_owner_is_warned_about(tmp_path:
         assert logged == []
     else:
         assert len(logged) == 1 and warning in logged[0] and "chmod 600" in logged[0] and "s3cret" not in logged[0]
+
+
+def test_every_setting_follows_one_rule_flags_then_environment_then_config_file_then_defaults(tmp_path: Path):
+    import argparse
+
+    from gpulse.agent.config import load_connection
+    from gpulse.agent.connection_config import add_connection_flags
+
+    cfg = tmp_path / "gpulse.toml"
+    cfg.write_text('[connection]\nurl = "http://file:8086"\norg = "file-org"\nbucket = "file-bucket"\n')
+    parser = argparse.ArgumentParser()
+    add_connection_flags(parser)
+    env = {"GPULSE_CONFIG": str(cfg), "GPULSE_ORG": "env-org", "GPULSE_BUCKET": "env-bucket"}
+    conn = load_connection(parser.parse_args(["--bucket", "flag-bucket"]), env)
+    assert (conn.url, conn.org, conn.bucket, conn.api) == ("http://file:8086", "env-org", "flag-bucket", "v2")
+    assert conn.config_path == str(cfg)
+    other = tmp_path / "other.toml"
+    other.write_text('[connection]\nurl = "http://other:8086"\n')
+    assert load_connection(parser.parse_args(["--config", str(other)]), env).url == "http://other:8086"
+    assert load_connection(parser.parse_args([]), {}).url == "http://127.0.0.1:8086"
