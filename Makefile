@@ -51,6 +51,7 @@ generate: $(STAMP)
 	$(PY) -m gpulse.report.diagnose > docs/report.md
 	$(PY) -m gpulse.cli.configdoc > docs/configuration.md
 	$(PY) -m gpulse.influx.downsample --write influxdb
+	$(PY) -m gpulse.influx.engine_plugin --write influxdb
 	$(PY) -m gpulse.dashboards .
 
 bench: $(STAMP)
