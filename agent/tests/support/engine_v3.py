@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -172,6 +172,9 @@ class Engine:
 
     databases: dict[str, dict[str, Table]] = field(default_factory=dict)
     logs: list[tuple[str, str]] = field(default_factory=list)  # (level, line) of every plugin call
+    #: where a plugin call's buffered lines go (database, text); None: straight into the tables. A server
+    #: stand-in sets its own write path here (fake_influx_v3: limits, Parquet files).
+    plugin_writes: Callable[[str, str], None] | None = None
 
     def write(self, database: str, lines: str) -> None:
         """Line protocol into ``database`` (created by its first write), as the write path stores it."""
@@ -261,8 +264,9 @@ class PluginAPI:
 
     def flush(self) -> None:
         """What the engine does with ``PluginReturnState.write_db_lines`` after the call returned."""
+        write = self.engine.plugin_writes or self.engine.write
         for db, lines in self.pending.items():
-            self.engine.write(db, "\n".join(lines) + "\n")
+            write(db, "\n".join(lines) + "\n")
         self.pending.clear()
 
     def _log(self, level: str, args: tuple[Any, ...]) -> None:
