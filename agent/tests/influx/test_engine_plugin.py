@@ -4,13 +4,19 @@ on a real InfluxDB 1.6.7 from the same points, late points included."""
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
 
 import pytest
 from support.engine_v3 import Engine, InvalidLineError, LineBuilder, QueryError, load_plugin
+from support.fake_influx_v3 import running
 from support.fixtures import REPO
 from support.influxd import InfluxDB1
 
@@ -129,7 +135,7 @@ def test_a_window_with_no_value_of_a_field_writes_the_others_and_a_counter_skips
     engine = Engine()
     t = 1_800_000_000 * 10**9 // HOUR * HOUR
     engine.write("gpulse", gpu(t, util=5.0, energy=100) + gpu(t + 10**9, util=7.0) + gpu(t + MINUTE, util=1.0))
-    engine.run_request(plugin, "gpulse", {"start": str(t), "stop": str(t + 2 * MINUTE)}, {})
+    engine.run_request(plugin, "gpulse", {"tier": "1m", "start": str(t), "stop": str(t + 2 * MINUTE)}, {})
     first, second = engine.rows("gpulse/1m", "gpu")
     assert first["energy_mj"] == 100 and first["util_gpu_pct"] == 6.0  # last non-null, not the later null
     assert "energy_mj" not in second and second["util_gpu_pct_max"] == 1.0
@@ -137,8 +143,10 @@ def test_a_window_with_no_value_of_a_field_writes_the_others_and_a_counter_skips
 
 def test_recompute_answers_400_with_what_to_send_and_writes_nothing(plugin):
     engine = Engine()
-    status, body = engine.run_request(plugin, "gpulse", {"start": "yesterday"}, {})
+    status, body = engine.run_request(plugin, "gpulse", {"tier": "1m", "start": "yesterday"}, {})
     assert status == 400 and "Unix nanoseconds" in body["error"]
+    status, body = engine.run_request(plugin, "gpulse", {"start": "1", "stop": "2"}, {})
+    assert status == 400 and "tier=''" in body["error"]
     assert engine.databases == {}
 
 
@@ -261,3 +269,75 @@ def test_the_plugins_tiers_equal_the_continuous_queries_tiers_on_influxdb_1_late
         assert {r.get("exp") for r in engine.rows("gpulse/1h", "train_step")} == {"a", None}
     finally:
         server.stop()
+
+
+# -- on the InfluxDB 3 stand-in, over HTTP ----------------------------------------------------------------
+def http(url: str, method: str, path: str, body: bytes | None = None, **params: str) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        f"{url}{path}?{urllib.parse.urlencode(params)}",
+        data=body,
+        method=method,
+        headers={"Authorization": "Bearer apiv3_admin-token", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            status, payload = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, payload = e.code, e.read()
+    try:
+        return status, json.loads(payload) if payload.strip() else None
+    except ValueError:
+        return status, payload.decode()
+
+
+def influxql_util(url: str, q: str) -> list[float]:
+    _, body = http(url, "GET", "/query", q=q, db="gpulse", epoch="ns")
+    (series,) = body["results"][0]["series"]
+    return [row[series["columns"].index("util_gpu_pct")] for row in series["values"]]
+
+
+def test_set_up_over_http_the_tiers_fill_on_their_ticks_and_recompute_fills_an_old_range():
+    """What setup will do on 3.x: databases with retention, the plugin file, the triggers; then the agent's
+    writes, the cron ticks, ``gpulse recompute`` through the request trigger, and the tiers read back with
+    InfluxQL, where ``FROM "1m"."gpu"`` is the raw table and ``FROM "gpulse"."1m"."gpu"`` the tier."""
+    with running(token="apiv3_admin-token") as influx3:
+        url = influx3.url
+        for db, retention in (("gpulse", "30d"), ("gpulse/1m", "400d"), ("gpulse/1h", None)):
+            body = {"db": db} | ({"retention_period": retention} if retention else {})
+            assert http(url, "POST", "/api/v3/configure/database", json.dumps(body).encode())[0] == 200
+        upload = {"plugin_name": "gpulse_downsample.py", "content": PLUGIN.read_text(encoding="utf-8")}
+        assert http(url, "POST", "/api/v3/plugins/files", json.dumps(upload).encode())[0] == 200
+        for t in triggers(Edition.CORE):
+            trigger = {
+                "db": "gpulse",
+                "plugin_filename": "gpulse_downsample.py",
+                "trigger_name": t.name,
+                "trigger_specification": t.specification,
+                "trigger_arguments": t.arguments,
+                "trigger_settings": {"run_async": False, "error_behavior": "log"},
+                "disabled": False,
+            }
+            assert (
+                http(url, "POST", "/api/v3/configure/processing_engine_trigger", json.dumps(trigger).encode())[0] == 200
+            )
+
+        h0 = 1_800_000_000 * 10**9 // HOUR * HOUR
+        lines = "".join(gpu(h0 + s * 10**9, util=float(s % 60)) for s in range(0, 3600, 10))
+        assert http(url, "POST", "/api/v2/write", lines.encode(), bucket="gpulse", precision="ns")[0] == 204
+        for scheduled in range(h0 + 10 * MINUTE, h0 + HOUR + 1, 10 * MINUTE):
+            influx3.run_trigger("gpulse_1m", scheduled + MINUTE)
+        influx3.run_trigger("gpulse_1h", h0 + HOUR + 5 * MINUTE)
+        assert influxql_util(url, 'SELECT "util_gpu_pct" FROM "gpulse"."1m"."gpu"') == [25.0] * 60  # mean of 0..50
+        assert influxql_util(url, 'SELECT "util_gpu_pct" FROM "gpulse"."1h"."gpu"') == [25.0]
+        assert len(influxql_util(url, 'SELECT "util_gpu_pct" FROM "1m"."gpu"')) == 360  # the raw points
+
+        old = h0 - 48 * HOUR  # far outside every look-back
+        http(url, "POST", "/api/v2/write", gpu(old + 30 * 10**9, util=7.0).encode(), bucket="gpulse")
+        for tier in ("1m", "1h"):  # one tier a request: a call's writes land when it returns
+            status, answer = http(
+                url, "POST", "/api/v3/engine/gpulse_recompute", tier=tier, start=str(old), stop=str(old + HOUR)
+            )
+            assert (status, answer) == (200, {"tier": tier, "written": 1})
+        q = f'SELECT "util_gpu_pct" FROM "gpulse"."1h"."gpu" WHERE time >= {old} AND time < {old + HOUR}'
+        assert influxql_util(url, q) == [7.0]
+        assert http(url, "GET", "/api/v3/engine/nothing_here") == (404, '{error: "not found"}')  # sic: not JSON

@@ -289,7 +289,23 @@ def test_put_on_plugin_files_replaces_the_file_of_the_trigger_so_named(influx3):
     call(influx3, "POST", "/api/v3/configure/database", body={"db": "gpulse"})
     call(influx3, "POST", "/api/v3/configure/processing_engine_trigger", body=trigger("gpulse", "every:1h", "hourly"))
     assert call(influx3, "PUT", files, body={"plugin_name": "hourly", "content": "x = 3\n"}).status == 200
-    assert influx3.plugin_files["p.py"] == "x = 3\n"
+    assert (influx3.plugin_dir / "p.py").read_text() == "x = 3\n"
+
+
+def test_a_request_trigger_answers_for_its_plugin_and_a_plugin_that_raises_is_a_500(influx3):
+    """H ``processing_engine_request_plugin``; ``plugins.rs``: the plugin's answer, or 500 ``{"error": ...}``."""
+    code = "def process_request(influxdb3_local, query_parameters, request_headers, request_body, args=None):\n"
+    code += "    if 'fail' in query_parameters:\n        raise RuntimeError('boom')\n"
+    code += "    return {'seen': sorted(request_headers).count('Authorization'), 'args': args}\n"
+    call(influx3, "POST", "/api/v3/plugins/files", body={"plugin_name": "echo.py", "content": code})
+    call(influx3, "POST", "/api/v3/configure/database", body={"db": "gpulse"})
+    body = trigger("gpulse", "request:echo", "echo", "echo.py") | {"trigger_arguments": {"a": "1"}}
+    call(influx3, "POST", "/api/v3/configure/processing_engine_trigger", body=body)
+    assert call(influx3, "GET", "/api/v3/engine/echo").body == {"seen": 0, "args": {"a": "1"}}  # no token passed on
+    failed = call(influx3, "POST", "/api/v3/engine/echo", params={"fail": "1"})
+    assert failed.status == 500 and "boom" in failed.body["error"]
+    escape = call(influx3, "POST", "/api/v3/plugins/files", body={"plugin_name": "../x.py", "content": ""})
+    assert escape.status == 500
 
 
 @pytest.mark.parametrize(
@@ -301,6 +317,7 @@ def test_put_on_plugin_files_replaces_the_file_of_the_trigger_so_named(influx3):
         ("every:1 hour", "every"),
         ("cron:0 1/10 * * * *", "cron"),
         ("cron:0 5 * * * * 2027", "cron"),
+        ("cron:0 0 9-17 * * Mon-Fri", "cron"),
         ("request:gpulse_recompute", "request"),
     ],
 )
@@ -316,6 +333,8 @@ def test_the_trigger_grammar_accepts(spec, kind):
         ("every:soon", "couldn't parse to duration"),
         ("every:2y", "don't support every schedules of over 1 year"),
         ("cron:*/10 * * * *", ""),  # five fields: the cron crate wants seconds first
+        ("cron:0 60 * * * *", ""),  # minute 60
+        ("cron:0 */0 * * * *", ""),
         ("request:", ""),
         ("wal", "expect one of the following forms"),
     ],

@@ -221,11 +221,18 @@ class Engine:
         api.flush()
 
     def run_request(
-        self, plugin: ModuleType, database: str, params: dict[str, str], args: dict[str, str], body: bytes = b""
+        self,
+        plugin: ModuleType,
+        database: str,
+        params: dict[str, str],
+        args: dict[str, str],
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
-        """``(status, body)`` of a request trigger: a bare answer is 200, ``(body, status)`` sets it."""
+        """``(status, body)`` of a request trigger: a bare answer is 200, ``(body, status)`` sets it.
+        ``headers`` are the request's without ``Authorization`` (the server strips it)."""
         api = self.plugin_api(database)
-        answer = plugin.process_request(api, params, {}, body, args)
+        answer = plugin.process_request(api, params, dict(headers or {}), body, args)
         api.flush()
         if isinstance(answer, tuple):
             return (answer[1] if len(answer) > 1 and isinstance(answer[1], int) else 200), answer[0]

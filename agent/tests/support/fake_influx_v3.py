@@ -78,7 +78,12 @@ replaces the file *of the trigger named* ``plugin_name`` (none -> 500 ``... Plug
 (``influxdb3_catalog/src/log/versions/v2.rs`` ``from_string_rep``: ``table:<t>``, ``all_tables``,
 ``cron:<6 or 7 fields, seconds first>``, ``every:<duration>`` up to a year, ``request:<path>``) ->
 500 ``failed to parse trigger from <spec>[: why]``; then the database -> 404 ``Database not found
-<db>``; a trigger of that name -> 409; 200.
+<db>``; a trigger of that name -> 409; 200. Plugin files live in a temporary ``--plugin-dir``; a name
+that leaves it is refused (``validate_path_within_plugin_dir``). ``GET|POST /api/v3/engine/<path>`` runs
+the ``request:<path>`` trigger's ``process_request`` (H ``processing_engine_request_plugin``;
+``influxdb3_processing_engine/src/plugins.rs``: the call's writes are applied before the answer, a
+plugin that raises answers 500 ``{"error": ...}``, no such trigger 404 ``{error: "not found"}``, not
+JSON). Scheduled triggers do not tick by themselves: :meth:`FakeInfluxV3.run_trigger` runs one tick.
 
 **InfluxQL** on ``/query`` (``core/iox_v1_query_api/src/handler.rs``; ``iox_query_influxql_rewrite``
 ``resolve_dbrp``): the database is ``"db"."rp"`` in the query as ``db/rp``, else the ``db`` parameter;
@@ -108,6 +113,8 @@ import base64
 import binascii
 import json
 import re
+import shutil
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -117,9 +124,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from .engine_v3 import Engine, QueryError
+from .engine_v3 import Engine, QueryError, load_plugin
 from .influx_points import parse_points
 
 VERSION = "3.10.0-nightly"  # Cargo.toml workspace version
@@ -201,7 +210,33 @@ _HUMANTIME_S |= {"h": 3600, "hr": 3600, "hour": 3600, "hours": 3600, "d": 86400,
 _HUMANTIME_S |= {"w": 604800, "week": 604800, "weeks": 604800, "M": 2630016, "month": 2630016, "months": 2630016}
 _HUMANTIME_S |= {"y": 31557600, "year": 31557600, "years": 31557600}
 _HUMANTIME_S |= {"ns": 1e-9, "nsec": 1e-9, "us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3}
-_CRON_FIELD = re.compile(r"[0-9A-Za-z*?/,\-#LW]+")
+#: the cron crate's fields (seconds first) and their ranges; month and day-of-week also take names
+_CRON_RANGES = ((0, 59), (0, 59), (0, 23), (1, 31), (1, 12), (1, 7), (1970, 2099))
+_CRON_NAMES = {4: ("jan feb mar apr may jun jul aug sep oct nov dec"), 5: ("sun mon tue wed thu fri sat")}
+_CRON_PART = re.compile(r"(\*|\?|\w+(?:-\w+)?)(?:/(\d+))?")
+
+
+def cron_ok(expr: str) -> bool:
+    """A ``cron`` crate schedule: 6 or 7 fields (seconds first), each ``*``, ``?``, ``a``, ``a-b`` or names,
+    optionally ``/step``, comma-separated, within the field's range."""
+    fields = expr.split()
+    if len(fields) not in (6, 7):
+        return False
+    for i, f in enumerate(fields):
+        lo, hi = _CRON_RANGES[i]
+        names = _CRON_NAMES.get(i, "").split()
+        for part in f.split(","):
+            m = _CRON_PART.fullmatch(part)
+            if m is None or (m[2] is not None and int(m[2]) == 0):
+                return False
+            if m[1] in ("*", "?"):
+                continue
+            for value in m[1].split("-"):
+                if value.lower() in names:
+                    continue
+                if not value.isdigit() or not lo <= int(value) <= hi:
+                    return False
+    return True
 
 
 def humantime_seconds(text: str) -> float:
@@ -220,8 +255,8 @@ def humantime_seconds(text: str) -> float:
 def parse_trigger_spec(spec: str) -> str:
     """The kind of a valid specification, or :class:`Refused` 500 with the catalog's words.
 
-    ``cron:`` is checked for shape only (6 or 7 fields of cron characters), not by the ``cron`` crate's
-    full grammar: gpulse generates its specifications and tests them here."""
+    ``cron:`` is checked by :func:`cron_ok`, the ``cron`` crate's grammar without its ``L``/``W``/``#``
+    extensions (refused here, so never more lenient)."""
     s = spec.strip()
 
     def fail(context: str | None = None) -> Refused:
@@ -234,8 +269,7 @@ def parse_trigger_spec(spec: str) -> str:
     if s == "all_tables":
         return "all_tables"
     if s.startswith("cron:"):
-        fields = s.removeprefix("cron:").split()
-        if len(fields) not in (6, 7) or not all(_CRON_FIELD.fullmatch(f) for f in fields):
+        if not cron_ok(s.removeprefix("cron:")):
             raise fail()
         return "cron"
     if s.startswith("every:"):
@@ -345,7 +379,8 @@ class FakeInfluxV3:
         self.databases: dict[str, Database] = {}
         self.engine = Engine()
         self.engine.plugin_writes = self._plugin_write
-        self.plugin_files: dict[str, str] = {}
+        #: --plugin-dir: files uploaded with POST /api/v3/plugins/files land here, as on the server
+        self.plugin_dir = Path(tempfile.mkdtemp(prefix="influxdb3-plugins-"))
         self.triggers: dict[str, Trigger] = {}
         self.files: dict[tuple[str, str], list[int]] = {}  # (db, table) -> gen1 block start of each Parquet file
         self._unpersisted: set[tuple[str, str, int]] = set()
@@ -365,6 +400,26 @@ class FakeInfluxV3:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        shutil.rmtree(self.plugin_dir, ignore_errors=True)
+
+    def plugin(self, filename: str) -> ModuleType:
+        """A plugin file of the plugin directory, loaded as the engine loads it (``support.engine_v3``)."""
+        return load_plugin(self._plugin_path(filename))
+
+    def run_trigger(self, name: str, call_time_ns: int) -> None:
+        """What the engine does at a tick of a ``cron:``/``every:`` trigger: its plugin's ``process_scheduled_call``
+        with the trigger's arguments, its writes through the write buffer (the schedule itself is not run)."""
+        t = self.triggers[name]
+        if not t.specification.startswith(("cron:", "every:")):
+            raise ValueError(f"trigger {name} is {t.specification}, not a schedule")
+        self.engine.run_schedule(self.plugin(t.plugin_filename), t.db, call_time_ns, dict(t.arguments or {}))
+
+    def _plugin_path(self, filename: str) -> Path:
+        """``validate_path_within_plugin_dir``: a path that leaves the plugin directory is refused (500)."""
+        path = (self.plugin_dir / filename).resolve()
+        if not path.is_relative_to(self.plugin_dir.resolve()):
+            raise Refused(500, f"Processing engine error: plugin error: path escapes the plugin directory: {filename}")
+        return path
 
     def add_resource_token(self, token: str, database: str, actions: set[str]) -> None:
         """An Enterprise resource token (``read``/``write`` on one database); Core has only admin tokens."""
@@ -434,6 +489,8 @@ class FakeInfluxV3:
             ("POST", "/api/v3/configure/processing_engine_trigger"): lambda: self._create_trigger(query, headers, raw),
         }
         handler = routes.get((method, path))
+        if handler is None and method in ("GET", "POST") and path.startswith("/api/v3/engine/"):
+            return self._request_trigger(path.removeprefix("/api/v3/engine/"), params, headers, raw)
         if handler is None:
             return Answer(404, "Not found")
         return handler()
@@ -714,12 +771,16 @@ class FakeInfluxV3:
         self._required(body, "plugin_name", "content")
         with self._lock:
             if create:
-                self.plugin_files[body["plugin_name"]] = body["content"]
-                return Answer(200)
-            trigger = self.triggers.get(body["plugin_name"])
-            if trigger is None:
-                raise Refused(500, f"Processing engine error: plugin error: Plugin not found: {body['plugin_name']}")
-            self.plugin_files[trigger.plugin_filename] = body["content"]
+                path = self._plugin_path(body["plugin_name"])
+            else:
+                trigger = self.triggers.get(body["plugin_name"])
+                if trigger is None:
+                    raise Refused(
+                        500, f"Processing engine error: plugin error: Plugin not found: {body['plugin_name']}"
+                    )
+                path = self._plugin_path(trigger.plugin_filename)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(body["content"], encoding="utf-8")
         return Answer(200)
 
     def _create_trigger(self, query: str, headers: Any, raw: bytes) -> Answer:
@@ -728,7 +789,7 @@ class FakeInfluxV3:
             body, "db", "plugin_filename", "trigger_name", "trigger_settings", "trigger_specification", "disabled"
         )
         with self._lock:
-            if body["plugin_filename"] not in self.plugin_files:
+            if not self._plugin_path(body["plugin_filename"]).is_file():
                 raise Refused(
                     500, f"Plugin error: reading plugin file: No such file or directory: {body['plugin_filename']}"
                 )
@@ -746,6 +807,27 @@ class FakeInfluxV3:
                 bool(body["disabled"]),
             )
         return Answer(200)
+
+    def _request_trigger(self, trigger_path: str, params: dict[str, str], headers: Any, raw: bytes) -> Answer:
+        """H ``processing_engine_request_plugin``: the ``request:<path>`` trigger's plugin answers, Flask-style
+        (``system_py.rs`` ``process_flask_response``); none -> 404 ``{error: "not found"}`` (sic)."""
+        with self._lock:
+            found = [
+                t for t in self.triggers.values() if t.specification == f"request:{trigger_path}" and not t.disabled
+            ]
+        if not found:
+            return Answer(404, '{error: "not found"}')
+        t = found[0]
+        body = self._read_body(headers, raw)
+        plugin = self.plugin(t.plugin_filename)
+        plain = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        try:
+            status, answer = self.engine.run_request(plugin, t.db, params, dict(t.arguments or {}), body, plain)
+        except Exception as e:  # the plugin raised: plugins.rs answers 500 {"error": ...}
+            return Answer(500, {"error": str(e)})
+        return Answer(
+            status, answer, {"Content-Type": "application/json" if isinstance(answer, dict | list) else "text/html"}
+        )
 
     # -- InfluxQL ------------------------------------------------------------------------------
     def _influxql(self, params: dict[str, str]) -> Answer:

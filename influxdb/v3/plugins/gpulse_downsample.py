@@ -725,13 +725,18 @@ def process_scheduled_call(influxdb3_local, call_time, args=None):
 
 
 def process_request(influxdb3_local, query_parameters, request_headers, request_body, args=None):
-    """``gpulse recompute``: ?start=<ns>&stop=<ns> (Unix nanoseconds); every tier, in order."""
+    """``gpulse recompute``: ?tier=1m&start=<ns>&stop=<ns> (Unix nanoseconds), one tier a request.
+
+    One tier a request, 1m before 1h: the engine writes a call's lines only when it returns (and before
+    it answers), so the 1h tier of the same call would read the 1m tier as it was before."""
     base, _ = settings(args)
+    tier = query_parameters.get("tier", "")
+    if tier not in TIERS:
+        return {"error": f"tier={tier!r}: give one of {', '.join(TIERS)} (in that order)"}, 400
     try:
         start, stop = int(query_parameters["start"]), int(query_parameters["stop"])
     except (KeyError, ValueError):
-        return {"error": "give start and stop as Unix nanoseconds: ?start=<ns>&stop=<ns>"}, 400
+        return {"error": "give start and stop as Unix nanoseconds: ?tier=1m&start=<ns>&stop=<ns>"}, 400
     if stop <= start:
         return {"error": f"stop ({stop}) must be after start ({start})"}, 400
-    written = {tier: downsample(influxdb3_local, tier, base, start, stop) for tier in TIERS}
-    return {"written": written}
+    return {"tier": tier, "written": downsample(influxdb3_local, tier, base, start, stop)}
