@@ -25,11 +25,10 @@ nightly d7834110):
 Storage follows the server where the plugin's results depend on it: a table per measurement, tags as
 ``Dictionary(Int32, Utf8)`` columns, ``time`` as ``Timestamp(ns)``, fields by their line-protocol type;
 a point written again at the same series and time keeps, per column, the last non-null value
-(``core/iox_query/src/provider/deduplicate.rs``: "last non-null value"). ``information_schema`` is on,
-as ``core/datafusion_util/src/config.rs`` turns it on.
+(``core/iox_query/src/provider/deduplicate.rs``: "last non-null value"). The session is configured as
+IOx configures it where that changes results (:meth:`Engine.context`).
 
-Known differences: tables live in DataFusion's ``public`` schema, the server's in ``iox``; the
-synchronous ``write_sync``/``write_sync_to_db`` and ``cache`` are not modelled (the gpulse plugin does
+Known differences: the synchronous ``write_sync``/``write_sync_to_db`` and ``cache`` are not modelled (the gpulse plugin does
 not use them); a column's type is taken from its first value in the database (the server refuses a
 write whose field type conflicts; the plugin never writes one); no file limit (``fake_influx_v3``
 models Parquet files).
@@ -198,7 +197,17 @@ class Engine:
         return [{**dict(tags), "time": ts, **fields} for (tags, ts), fields in sorted(table.rows.items())]
 
     def context(self) -> SessionContext:
-        return SessionContext(SessionConfig().with_information_schema(True))
+        """IOx's session settings that change what a query sees (``core/datafusion_util/src/config.rs``
+        ``iox_session_config``): ``information_schema`` on, tables in catalog ``public`` schema ``iox``,
+        strings as ``Utf8`` (not ``Utf8View``)."""
+        config = (
+            SessionConfig()
+            .with_information_schema(True)
+            .with_create_default_catalog_and_schema(True)
+            .with_default_catalog_and_schema("public", "iox")
+            .set("datafusion.sql_parser.map_string_types_to_utf8view", "false")
+        )
+        return SessionContext(config)
 
     def sql(self, database: str, query: str, args: Mapping[str, str] | None = None) -> pa.Table:
         """Run SQL on one database's tables in DataFusion; a failure is :class:`QueryError` like the server's."""

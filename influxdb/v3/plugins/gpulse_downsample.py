@@ -645,7 +645,8 @@ def aggregate(fn, column):
 def columns(influxdb3_local, database, table):
     """column name -> Arrow type of a table (tags are Dictionary(Int32, Utf8)); empty when it does not exist."""
     rows = influxdb3_local.query(
-        "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = $table",
+        "SELECT column_name, data_type FROM information_schema.columns"
+        " WHERE table_schema = 'iox' AND table_name = $table",
         {"table": table},
         database=database,
     )
