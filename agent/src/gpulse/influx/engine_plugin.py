@@ -26,10 +26,12 @@ and offset of :data:`~gpulse.influx.downsample.TIERS`), and one ``request:`` tri
 (``--query-file-limit``, ``influxdb3_write/src/write_buffer/mod.rs``); Enterprise compacts them.
 
 Why not the official ``downsampler`` plugin (``influxdata/influxdb3_plugins``,
-``influxdata/downsampler/downsampler.py``): it names its outputs ``<field>_<agg>`` (plus
-``record_count``, ``time_from``, ``time_to``), so a mean would not keep the field's own name as the
-1.x/2.x tiers do; it needs one trigger per measurement; and its windows start at the run time rather
-than at whole intervals, so a rerun does not overwrite the points an earlier run wrote.
+``influxdata/downsampler/downsampler.py``): it names its outputs ``<field>_<agg>`` and adds
+``record_count``, ``time_from``, ``time_to`` (``generate_fields_string``), so a mean would not keep the
+field's own name as the 1.x/2.x tiers do; it takes one ``source_measurement`` per trigger; and each run
+reads ``[call_time - offset - window, call_time - offset)`` (``process_scheduled_call``), not cut to
+whole intervals, so the first and last ``DATE_BIN`` windows of a run are aggregated from part of their
+points and overwrite what an earlier run computed from all of them.
 
 ``python -m gpulse.influx.engine_plugin --write influxdb`` regenerates the file; ``--check`` fails
 when it differs.
@@ -173,6 +175,7 @@ def readable_range_ns(tier: Tier) -> int:
 # -- the plugin file --------------------------------------------------------------------------------
 def plugin_data() -> dict[str, object]:
     """What the plugin needs from gpulse, as literals (a plugin cannot import gpulse: it runs in the server)."""
+    checked = {e: {t.name: t for t in engine_tiers(e)} for e in Edition}
     tiers = {}
     for t in TIERS:
         tiers[t.name] = {
@@ -180,7 +183,7 @@ def plugin_data() -> dict[str, object]:
             "interval": sql_interval(t.window),
             "window_ns": parse_duration(t.window),
             "offset_ns": parse_duration(t.offset),
-            "lookback_ns": {e.value: parse_duration(LOOKBACK[e][t.name]) for e in Edition},
+            "lookback_ns": {e.value: parse_duration(checked[e][t.name].lookback) for e in Edition},
             "aggregates": aggregates(t),
         }
     return {"RAW": RAW, "TIERS": tiers}
