@@ -171,9 +171,9 @@ def gpu(ts: int, *, util: float, gpu_id: str = "0", energy: int | None = None, r
 
 
 def points(rng: random.Random, start: int, stop: int, step: int) -> str:
-    """GPUs (one with a run tag part of the time, counters every third point), the agent, training steps
-    (a free-form user tag on some, an open log_ field that stays raw) and a measurement that is never
-    downsampled."""
+    """Every downsampled measurement: GPUs (one with a run tag part of the time, counters every third point),
+    NVLink links, GPU processes (the pid, an info field, stays raw), the agent, training steps (a free-form
+    user tag on some, an open log_ field that stays raw); and a measurement that is never downsampled."""
     lines, energy = [], 0
     for i, ts in enumerate(range(start, stop, step)):
         energy += rng.randrange(1000, 5000)
@@ -183,6 +183,13 @@ def points(rng: random.Random, start: int, stop: int, step: int) -> str:
             lines.append(
                 gpu(ts + rng.randrange(step), util=util, gpu_id=gpu_id, energy=energy if i % 3 == 0 else None, run=run)
             )
+        for link in "01":
+            nvlink = f"gpu_nvlink,host=node1,gpu=0,uuid=GPU-0,model=H100,link={link}"
+            lines.append(f"{nvlink} tx_kib={energy * 3 + int(link)}i,active={int(rng.random() < 0.9)}i {ts}\n")
+        lines.append(
+            f"gpu_process,host=node1,gpu=0,uuid=GPU-0,model=H100 pid={4000 + i % 2}i,"
+            f"mem_used_bytes={rng.randrange(10**9)}i,sm_util_pct={rng.uniform(0, 100)} {ts + 1}\n"
+        )
         lines.append(f"agent,host=node1 cycle_ms={rng.uniform(1, 9)},samples={i}i,gpus=2i {ts}\n")
         exp = ",exp=a" if i % 4 == 0 else ""
         lines.append(
@@ -266,6 +273,8 @@ def test_the_plugins_tiers_equal_the_continuous_queries_tiers_on_influxdb_1_late
         assert assert_same_tier(engine, server, "1h") >= 2 * 3
         assert engine.rows("gpulse/1m", "gpu_info") == [] and v1_rows(server, "1m", "gpu_info") == []
         assert all("log_loss" not in r for r in engine.rows("gpulse/1m", "train_step"))
+        assert all("pid" not in r for r in engine.rows("gpulse/1m", "gpu_process"))
+        assert {r["link"] for r in engine.rows("gpulse/1h", "gpu_nvlink")} == {"0", "1"}
         assert {r.get("exp") for r in engine.rows("gpulse/1h", "train_step")} == {"a", None}
     finally:
         server.stop()
