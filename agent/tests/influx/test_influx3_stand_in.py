@@ -213,6 +213,17 @@ def test_a_table_holds_500_columns_400_on_legacy_writes_422_on_partial_writes(in
     assert [r["time"] for r in influx3.engine.rows("d", "wide")] == [1, 3]
 
 
+def test_a_field_of_another_type_than_its_column_is_a_bad_line(influx3):
+    """``transaction.rs`` column_or_create: ``CatalogError::InvalidColumnType``, the types as IOx names them."""
+    write(influx3, "/write", "gpu,host=a util=1 1", db="d")
+    r = write(influx3, "/api/v3/write_lp", "gpu,host=a util=2i 2\ngpu host=3 3\n", db="d", precision="ns")
+    assert r.status == 400
+    assert [e["error_message"] for e in r.body["data"]] == [
+        "invalid column type for column 'util', expected iox::column_type::field::float, got iox::column_type::field::integer",
+        "invalid column type for column 'host', expected iox::column_type::tag, got iox::column_type::field::float",
+    ]
+
+
 def test_core_holds_five_databases(influx3):
     for i in range(5):
         assert write(influx3, "/write", "m f=1 1", db=f"db{i}").status == 204

@@ -45,7 +45,10 @@ A write with a token that may not write there is 403 with an empty body (H ``Err
 * a table may hold 500 tag and field columns (S ``CORE_NUM_COLUMNS_PER_TABLE_LIMIT``,
   ``influxdb3_catalog/src/catalog/versions/v3/transaction.rs`` ``check_columns_limit``): the line that
   would add one more fails with ``Update to schema would exceed number of columns per table limit of
-  500 columns``: 400 on the legacy endpoints, 422 on ``write_lp`` with partial writes;
+  500 columns``: 400 on the legacy endpoints, 422 on ``write_lp`` with partial writes; a field whose type
+  differs from its column's (or a tag's name) fails with ``invalid column type for column 'f', expected
+  iox::column_type::field::float, got iox::column_type::field::integer`` (``transaction.rs``
+  ``column_or_create``, ``CatalogError::InvalidColumnType``), 400;
 * the body, after gzip, at most ``max_request_bytes`` (``--max-http-request-size``, 10 MiB) -> else 413
   ``max request size (N bytes) exceeded`` (plain text); another ``Content-Encoding`` -> 400
   ``unacceptable content-encoding: X``; a bad gzip stream -> 400 ``error decoding gzip stream: ...``;
@@ -102,7 +105,7 @@ limit. ...``: the message prints the limit, not the count.
 
 Where it differs: which lines are refused, and the words of ``error_message``, come from the 1.x/2.x
 parser port (:mod:`support.influx_points`), not from IOx's ``influxdb_line_protocol`` crate; line
-numbers count non-blank, non-comment lines; a field type conflict's message is approximated; retention
+numbers count non-blank, non-comment lines; retention
 is not enforced; the processing engine does not run on its own (tests run triggers with
 :mod:`support.engine_v3`); only the InfluxQL subset above is answered (others: an in-band error).
 """
@@ -311,6 +314,13 @@ def validate_db_name(name: str) -> None:
         )
     if why:
         raise Refused(400, {"error": why})
+
+
+def _iox(kind: str) -> str:
+    """``InfluxColumnType``'s display (``core/schema/src/lib.rs``) of a tag or a line-protocol field type."""
+    return (
+        "iox::column_type::tag" if kind == "tag" else f"iox::column_type::field::{kind.replace('unsigned', 'uinteger')}"
+    )
 
 
 def guess_precision(ts: int) -> int:
@@ -663,7 +673,7 @@ class FakeInfluxV3:
                     )
                 table[name] = kind
             elif have != kind:
-                return f"invalid column type for column '{name}', expected {have}, got {kind}", False
+                return f"invalid column type for column '{name}', expected {_iox(have)}, got {_iox(kind)}", False
         if p.time_ns == now:  # no timestamp: the time of the write
             return f"{line} {now}\n"
         return f"{line.rsplit(' ', 1)[0]} {p.time_ns * (precision or guess_precision(p.time_ns))}\n"
