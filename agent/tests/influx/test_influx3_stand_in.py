@@ -287,6 +287,8 @@ def test_a_trigger_needs_its_plugin_file_a_valid_specification_and_an_existing_d
     missing = call(influx3, "POST", path, body=trigger("gpulse", "every:10m"))
     assert (missing.status, missing.text) == (404, "Database not found gpulse")
     call(influx3, "POST", "/api/v3/configure/database", body={"db": "gpulse"})
+    unsettled = trigger("gpulse", "every:10m") | {"trigger_settings": {"run_async": False}}
+    assert call(influx3, "POST", path, body=unsettled).status == 400  # TriggerSettings: both fields required
     assert call(influx3, "POST", path, body=trigger("gpulse", "every:10m")).status == 200
     assert call(influx3, "POST", path, body=trigger("gpulse", "every:10m")).status == 409
 

@@ -798,6 +798,12 @@ class FakeInfluxV3:
         self._required(
             body, "db", "plugin_filename", "trigger_name", "trigger_settings", "trigger_specification", "disabled"
         )
+        settings = body["trigger_settings"]  # influxdb3_catalog/src/log/versions/v4.rs TriggerSettings: both required
+        if not isinstance(settings, dict):
+            raise Refused(400, "serde json error: trigger_settings: expected an object")
+        self._required(settings, "run_async", "error_behavior")
+        if settings["error_behavior"] not in ("log", "retry", "disable"):
+            raise Refused(400, f"serde json error: unknown variant `{settings['error_behavior']}`")
         with self._lock:
             if not self._plugin_path(body["plugin_filename"]).is_file():
                 raise Refused(
