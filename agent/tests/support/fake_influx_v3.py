@@ -92,8 +92,10 @@ JSON). Scheduled triggers do not tick by themselves: :meth:`FakeInfluxV3.run_tri
 ``resolve_dbrp``): the database is ``"db"."rp"`` in the query as ``db/rp``, else the ``db`` parameter;
 a retention policy without a database (``FROM "1h"."gpu"``) and the ``rp=`` parameter are dropped: the
 raw table is read. The subset answered: ``SHOW DATABASES`` and ``SELECT * | "f"[, ...] FROM
-[["db".]"rp".]"m" [WHERE time >= <ns> AND time < <ns>]`` (integer nanosecond bounds), answered in the
-1.x JSON shape with ``epoch=ns`` times, rows run as SQL on DataFusion (:mod:`support.engine_v3`).
+[["db".]"rp".]"m" [WHERE time >= <ns> AND time < <ns>]`` (integer nanosecond bounds), run as SQL on
+DataFusion (:mod:`support.engine_v3`) and answered as one series ``{"name", "columns", "values"}``:
+``time`` in integer nanoseconds whatever ``epoch`` says, then the table's tag and field columns (no
+``GROUP BY``, no ``tags`` object: not checked against the server's v1 output beyond that shape).
 Errors come back inside ``results`` with 200, as the handler's ``error_statement`` does.
 
 **Parquet files and the query file limit** (``influxdb3_write/src/write_buffer/mod.rs``
