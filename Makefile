@@ -55,6 +55,7 @@ generate: $(STAMP)
 	$(PY) -m gpulse.docs.report > docs/report.md
 	$(PY) -m gpulse.cli.configdoc > docs/configuration.md
 	$(PY) -m gpulse.influx.render --write influxdb
+	$(PY) -m gpulse.influx.engine_plugin --write influxdb
 	$(PY) -m gpulse.dashboards .
 
 bench: $(STAMP)
