@@ -96,8 +96,8 @@ def field_value(fv: Any) -> Any:
 
 
 # c_nvmlFieldValue_t: fieldId u32, scopeId u32, timestamp i64, latencyUsec i64, valueType u32,
-# nvmlReturn u32, value (8-byte union). pynvml's structures override __getattribute__ (≈0.2 µs per
-# attribute), so the hot path decodes the whole array in one struct pass instead.
+# nvmlReturn u32, value (8-byte union). pynvml's structures override __getattribute__ (a Python call
+# per attribute read), so the hot path decodes the whole array in one struct pass instead.
 _FV = struct.Struct("<IIqqIIQ")
 
 
