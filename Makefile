@@ -4,13 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gpulse-installed
 
-.PHONY: help venv test lint format generate bench up down demo e2e gpu-check gpu-wheels clean
+.PHONY: help venv test lint format generate bench up down demo e2e gpu-check gpu-wheels clean backup-grafana
 
 help:
 	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
 	@echo "make test      install what the tests need (venv with CPU torch, influxd, chromium, node) and run them all"
 	@echo "make demo      fill the stack with a simulated 8-GPU node and training run (no Docker: a local demo)"
 	@echo "make down      stop the stack (data stays in the Docker volumes)"
+	@echo "make backup-grafana  copy the grafana-data volume to backups/ (before a Grafana major upgrade)"
 	@echo "make lint      ruff"
 	@echo "make bench     benchmarks (figures side by side with baselines)"
 	@echo "make generate  regenerate docs/schema.md, dashboards and Flux tasks from the code"
@@ -33,6 +34,9 @@ demo:
 down:
 	docker compose down
 
+backup-grafana:
+	@bash scripts/backup-grafana.sh
+
 test: $(STAMP)
 	@bash scripts/test-tools.sh
 	$(PY) -m ruff check .
@@ -48,7 +52,7 @@ format: $(STAMP)
 
 generate: $(STAMP)
 	$(PY) -m gpulse schema > docs/schema.md
-	$(PY) -m gpulse.report.diagnose > docs/report.md
+	$(PY) -m gpulse.docs.report > docs/report.md
 	$(PY) -m gpulse.cli.configdoc > docs/configuration.md
 	$(PY) -m gpulse.influx.downsample --write influxdb
 	$(PY) -m gpulse.dashboards .

@@ -80,7 +80,7 @@ run.finish()
 """
 
 _BARE = (
-    "import gpulse.agent.loop, gpulse.delivery.pipeline, gpulse.sources.simulated, gpulse.sources.training; "
+    "import gpulse.agent.loop, gpulse.delivery.pipeline, gpulse.sources.simulated, gpulse.channel.server; "
     "print(next(int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmRSS:')))"
 )
 

@@ -111,7 +111,7 @@ def gpu_sample() -> None:
 
 
 def training_step() -> None:
-    from gpulse.sources.training import TrainingReceiver
+    from gpulse.channel.server import TrainingReceiver
     from gpulse.training import Run
 
     tmp = tempfile.mkdtemp()

@@ -31,7 +31,7 @@ if [ ! -f tests/flux/node_modules/@influxdata/flux-lsp-browser/package.json ]; t
 fi
 if [ ! -f tests/grafana-types/node_modules/.package-lock.json ] \
   || [ tests/grafana-types/package-lock.json -nt tests/grafana-types/node_modules/.package-lock.json ]; then
-  say "Grafana 12.4's types, unit formatter and transformers: npm ci --prefix tests/grafana-types (@grafana/schema, @grafana/data)"
+  say "Grafana 13.2's types, unit formatter and transformers: npm ci --prefix tests/grafana-types (@grafana/schema, @grafana/data)"
   npm ci --prefix tests/grafana-types --no-audit --no-fund
 fi
 say "influxd $(influxd version 2>/dev/null | head -1 | awk '{print $2}'), $(chromium --version 2>/dev/null || chromium-browser --version), node $(node --version): ready"

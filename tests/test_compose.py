@@ -8,6 +8,7 @@ healthchecks, secrets only through files, both InfluxDB volumes, start order, th
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -58,7 +59,10 @@ def test_the_schema_check_catches_a_misspelled_key_and_a_bad_condition(tmp_path)
 def test_images_are_pinned_to_exact_versions_never_latest(compose):
     services = compose["services"]
     assert re.fullmatch(r"influxdb:2\.9\.\d+", services["influxdb"]["image"])
-    assert re.fullmatch(r"grafana/grafana:12\.4\.\d+", services["grafana"]["image"])
+    # the image whose own types the dashboards are checked against (tests/grafana-types)
+    types = json.loads((REPO / "tests" / "grafana-types" / "package.json").read_text())["dependencies"]
+    assert services["grafana"]["image"] == f"grafana/grafana:{types['@grafana/schema']}"
+    assert re.fullmatch(r"13\.2\.\d+", types["@grafana/schema"]) and types["@grafana/data"] == types["@grafana/schema"]
     for name, svc in services.items():
         image = svc["image"]
         assert ":" in image and not image.endswith(":latest"), name

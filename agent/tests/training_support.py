@@ -10,8 +10,8 @@ import pytest
 from support.waiting import eventually
 
 from gpulse.channel.recording import read_records
+from gpulse.channel.server import TrainingReceiver
 from gpulse.lineprotocol.parse import Point, parse_line
-from gpulse.sources.training import TrainingReceiver
 
 
 def compiled(module: str) -> ModuleType:
@@ -43,7 +43,7 @@ class Delivery:
 
 
 class Agent:
-    """The real receiver (``gpulse.sources.training.TrainingReceiver``) on a socket in ``tmp``."""
+    """The real receiver (``gpulse.channel.server.TrainingReceiver``) on a socket in ``tmp``."""
 
     def __init__(self, tmp: Path) -> None:
         self.path = str(tmp / "run" / "agent.sock")

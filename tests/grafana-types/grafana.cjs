@@ -9,14 +9,16 @@
 //          decimals (fieldConfig defaults, then overrides in order, matched by Grafana's field matchers),
 //          and a sample value formatted with them.
 //
-// Everything is @grafana/data 12.4.10's code: getValueFormat/getValueFormats, fieldMatchers,
+// Everything is @grafana/data 13.2.3's code: getValueFormat/getValueFormats, fieldMatchers,
 // transformDataFrame over the standard transformers, toDataFrame, getFieldDisplayName. Node 20
 // has no `navigator` or `window`: `navigator` is set to an en-US browser's (the date formatter
 // reads the locale); `window` exists while @grafana/data's local-storage helper (utils/store)
 // loads, which registers a listener at import, and afterwards holds only the marker of a Scenes
 // dashboard (Grafana 12 renders dashboards with Scenes, and transformDataFrame checks for it).
 // The transformer registry is filled the way Grafana's app fills it: one item per standard
-// transformer (public/app/features/transformers/standardTransformers.ts).
+// transformer (public/app/features/transformers/standardTransformers.ts). From Grafana 13.2 an
+// item's `transformation` is a loader that resolves to the transformer (TransformerRegistryItem
+// in @grafana/data's standardTransformersRegistry.d.ts), so each item wraps its transformer in one.
 'use strict';
 
 globalThis.navigator = { language: 'en-US', languages: ['en-US'] };
@@ -32,7 +34,7 @@ data.standardTransformersRegistry.setInit(() => {
   const byId = new Map(); // seriesToColumnsTransformer is the deprecated twin of joinByField
   for (const t of Object.values(data.standardTransformers)) {
     if (!byId.has(t.id)) {
-      byId.set(t.id, { id: t.id, aliasIds: t.aliasIds, name: t.name, transformation: t });
+      byId.set(t.id, { id: t.id, aliasIds: t.aliasIds, name: t.name, transformation: () => Promise.resolve(t) });
     }
   }
   return [...byId.values()];

@@ -1,8 +1,8 @@
 // The types the generated dashboard files are checked against (agent/tests/dashboards/grafana_ts.py
 // writes one .ts file per dashboard; `tsc --strict --noEmit` checks them).
 //
-// Everything comes from Grafana's own packages at the image's version (@grafana/schema 12.4.11,
-// @grafana/data 12.4.10) or from the vendored InfluxDB datasource types. Two adaptations, both
+// Everything comes from Grafana's own packages at the image's version (@grafana/schema 13.2.3,
+// @grafana/data 13.2.3) or from the vendored InfluxDB datasource types. Two adaptations, both
 // exact:
 //  - Dashboard JSON holds an enum's *value* ("line"), while TypeScript string enums are nominal
 //    (GraphDrawStyle.Line). Lit<T> replaces each string enum by the union of its values

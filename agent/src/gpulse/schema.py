@@ -2,7 +2,7 @@
 
 This module is the single source of truth. The line-protocol encoder takes field types from it,
 the downsampling tasks and continuous queries are generated from it, the dashboards are checked
-against it, and ``docs/schema.md`` is rendered from it (``python -m gpulse.schema``).
+against it, and ``docs/schema.md`` is rendered from it (:mod:`gpulse.docs.schema`, ``gpulse schema``).
 
 A field's type never changes: InfluxDB rejects a point whose field type differs from the type
 already stored in the shard, so the encoder coerces values to the declared type.
@@ -424,37 +424,3 @@ MEASUREMENTS: dict[str, Measurement] = {
 #: Limits on what a point may carry (the agent validates training records against these).
 MAX_STRING_LEN = 4096
 MAX_TAG_VALUE_LEN = 256
-
-
-def render_markdown() -> str:
-    """``docs/schema.md``: the data model as a reader sees it."""
-    out = [
-        "# gpulse data model",
-        "",
-        "Generated from `agent/src/gpulse/schema.py` by `python -m gpulse.schema`; a test fails when this file differs.",
-        "",
-        "Types are InfluxDB line-protocol types: `int` is written with the `i` suffix (never `u`), `float` as a decimal.",
-        "Kinds: **gauge** fields are downsampled to mean (same name) plus `_max` and `_min`; **counter** fields to "
-        "`last` (derive rates at query time); **info** fields are not downsampled.",
-        "",
-    ]
-    for m in MEASUREMENTS.values():
-        out += [f"## `{m.name}`", "", m.doc, ""]
-        tags = ", ".join(f"`{t}`" for t in m.tags)
-        if m.optional_tags:
-            tags += " (optional: " + ", ".join(f"`{t}`" for t in m.optional_tags) + ")"
-        if m.max_extra_tags:
-            tags += f"; up to {m.max_extra_tags} user tags"
-        out += [f"Tags: {tags}", ""]
-        if m.open_fields:
-            out += [f"Extra float fields matching `{m.open_fields}` are accepted.", ""]
-        out += [f"Downsampled: {'yes' if m.downsampled else 'no'}", ""]
-        out += ["| field | type | unit | kind | meaning |", "| --- | --- | --- | --- | --- |"]
-        for f in m.fields:
-            out.append(f"| `{f.name}` | {f.type} | {f.unit} | {f.kind} | {f.doc} |")
-        out.append("")
-    return "\n".join(out)
-
-
-if __name__ == "__main__":
-    print(render_markdown(), end="")

@@ -2,7 +2,7 @@
 back (by ``gpulse upload`` and ``gpulse report --from-file``) as the very lines the agent's encoder
 writes for them (gpulse's parser and a real InfluxDB 1.x agree); a damaged line is named and the
 rest still read; a full disk never leaves half a line (a real 64 KiB tmpfs, ``support/tmpfs.py``);
-writing imports no line-protocol code (a run without an agent paid ~20 ms of GIL for it)."""
+writing imports no line-protocol code (a run without an agent would pay its import with the GIL held)."""
 
 from __future__ import annotations
 
@@ -141,8 +141,8 @@ def test_a_damaged_point_line_is_named_by_its_number(tmp_path: Path) -> None:
 
 
 def test_writing_a_recording_imports_no_line_protocol_code() -> None:
-    """Importing it cost ~20 ms of CPU, on the run's background thread with the GIL held: the training
-    loop stood still that long at a run's first recording. Only reading the file needs the encoder."""
+    """Importing it costs CPU on the run's background thread with the GIL held: the training loop
+    would stand still that long at a run's first recording. Only reading the file needs the encoder."""
     code = (
         "import sys, tempfile, os\n"
         "from gpulse.channel import protocol\n"

@@ -41,10 +41,10 @@ PANELS = {
     "bargauge": ("bargauge", "BarGauge", False),
     "text": ("text", "Text", False),
 }
-#: The npm versions the harness pins: @grafana/schema is the grafana/grafana image's version
-#: (docker-compose.yml); @grafana/data has no 12.4.11 release, 12.4.10 is the nearest.
-SCHEMA_VERSION = "12.4.11"
-DATA_VERSION = "12.4.10"
+#: The npm versions the harness pins: the grafana/grafana image's version (docker-compose.yml), which
+#: Grafana publishes as @grafana/schema and @grafana/data with each release.
+SCHEMA_VERSION = "13.2.3"
+DATA_VERSION = "13.2.3"
 
 
 class Ref:

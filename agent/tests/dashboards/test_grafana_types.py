@@ -1,6 +1,6 @@
 """Grafana's own types and formatter check the generated dashboards (Grafana cannot run here).
 
-Every dashboard becomes a ``.ts`` file typed by Grafana 12.4's generated types and passes
+Every dashboard becomes a ``.ts`` file typed by Grafana 13.2's generated types and passes
 ``tsc --strict --noEmit``; injected faults (a typo'd enum, a wrong option name, an annotation
 without ``target``, ...) must each fail it. Every unit id is one ``@grafana/data`` knows, and a
 sample of every panel column, formatted by Grafana's own ``getValueFormat``, reads back as the

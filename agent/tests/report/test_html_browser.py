@@ -23,7 +23,7 @@ import pytest
 from support.chromium import SCALE, WIDTH, count_colors, layout, png_size, rgb, screenshot
 from support.fixtures import gpulse_cmd
 
-from gpulse.report.html import MAX_LINES
+from gpulse.report.svg import MAX_LINES
 
 
 def _overlaps(a: dict[str, float], b: dict[str, float]) -> bool:

@@ -1,7 +1,7 @@
 """``metrics_report.json`` keeps seed 000's field names: the typed records write the same JSON keys.
 
-``SEED_KEYS`` are the key paths of the report that the dict-built ``build_report`` of main at a44a965
-(before the typed records) wrote for :func:`seed_input`; lists are ``[]``, and the open-ended maps
+``SEED_KEYS`` are the key paths of the report that the dict-built ``build_report`` (before the typed
+records) wrote for :func:`seed_input`; lists are ``[]``, and the open-ended maps
 (``phases_s``, ``throttle_reasons``, a finding's ``data``) count as one key each. A field added on
 purpose goes into ``ADDED_KEYS`` with the change that adds it, so a rename or a lost field fails here.
 """

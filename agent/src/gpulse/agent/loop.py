@@ -251,7 +251,7 @@ class Agent:
         )
         self.delivery.start()
         if not cfg.no_socket:
-            from gpulse.sources.training import TrainingReceiver
+            from gpulse.channel.server import TrainingReceiver
 
             try:
                 self.receiver = TrainingReceiver(

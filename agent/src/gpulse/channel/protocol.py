@@ -3,9 +3,10 @@
 The training client (``gpulse.training.client``) builds :class:`Point`, :class:`StepRows`,
 :class:`Register` and :class:`Unregister` and encodes them here; ``gpulse status`` sends a :class:`StatusRequest`. The
 agent's receiver answers with :class:`Ack` and :class:`StatusReply`, which the clients decode here
-(:func:`decode_reply`). What the agent receives is checked once, in :mod:`gpulse.channel.validate`,
-which turns it back into these types. Standard library only, so that importing the training library
-stays cheap.
+(:func:`decode_reply`). The agent decodes what it receives here too (:func:`decode_json`, and
+:func:`decode_rows` beside :func:`encode_rows`, so that the two directions of the rows format are read
+together) and checks it once, in :mod:`gpulse.channel.validate`, which turns it back into these
+types. Standard library only, so that importing the training library stays cheap.
 
 A datagram is UTF-8 JSON: one message object, or ``{"v": 1, "batch": [msg, ...]}``; or a rows
 datagram (step points: a JSON header, then packed numbers, :func:`encode_rows`). Every message
@@ -91,7 +92,7 @@ def client_address(pid: int | None = None) -> str:
 
 # -- messages ---------------------------------------------------------------------------------------
 class _Message:
-    """Slotted message types (not dataclasses: ``dataclasses`` would add ~13 ms to ``import gpulse.training``)."""
+    """Slotted message types (not dataclasses: importing ``dataclasses`` would slow ``import gpulse.training``)."""
 
     __slots__ = ()
 
@@ -239,6 +240,98 @@ def rows_per_datagram(head: PointHead, shape: FieldShape, limit: int = MAX_DATAG
     if len(shape.names) > MAX_FIELDS:
         return 0
     return max((limit - len(head.rows) - _INT_CHARS - len(shape.header)) // shape.row.size, 0)
+
+
+# -- the agent's reading of a datagram (what it then checks is :mod:`gpulse.channel.validate`'s) ------
+class Rejected(Exception):
+    """A message that cannot be accepted; ``cause`` is a key of :data:`gpulse.channel.validate.REJECT_CAUSES`.
+
+    ``seq`` is the message's own, when it had a valid one: the agent acknowledges rejected messages
+    too, since sending them again would not make them valid."""
+
+    def __init__(self, cause: str, detail: str = "", seq: int | None = None) -> None:
+        super().__init__(f"{cause}: {detail}" if detail else cause)
+        self.cause = cause
+        self.detail = detail
+        self.seq = seq
+
+
+def _reject_constant(name: str) -> Any:
+    raise Rejected("nonfinite", name)
+
+
+def decode_json(data: bytes) -> Any:
+    """A datagram's JSON (UTF-8; NaN and infinities refused); raises :class:`Rejected`."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Rejected("not_utf8", str(exc)) from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except Rejected:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise Rejected("bad_json", str(exc)[:200]) from None
+
+
+def decode_rows(data: bytes) -> list[dict[str, Any]]:
+    """A rows datagram (:func:`encode_rows`) read back by the agent, as the ``point`` messages its rows stand for: row
+    ``i`` numbered ``seq + i``, each value named by the header's ``names``, a duration (kind ``n``)
+    in seconds, the timestamp the row's last value. Names, kinds and layout are read by the client's
+    own :class:`FieldShape` (the layout from ``kinds``, never from the
+    sender); ``m``, ``tags`` and the values are checked like any point's (:mod:`gpulse.channel.validate`);
+    raises :class:`Rejected`."""
+    from gpulse.lineprotocol.limits import INT64_MAX  # only the agent decodes: the training process never loads it
+
+    end = data.find(b"\n")
+    if end < 0:
+        raise Rejected("bad_rows", "no header")
+    header = decode_json(data[1:end])
+    if not isinstance(header, dict):
+        raise Rejected("not_object", type(header).__name__)
+    if not is_version(header.get("v")):
+        raise Rejected("bad_version", repr(header.get("v"))[:40])
+    if header.get("kind") != KIND_ROWS:
+        raise Rejected("bad_kind", repr(header.get("kind"))[:40])
+    seq, names, kinds = header.get("seq"), header.get("names"), header.get("kinds")
+    if not (type(seq) is int and 0 <= seq <= INT64_MAX):
+        raise Rejected("bad_seq", repr(seq)[:40])
+    if not (
+        isinstance(names, list)
+        and 0 < len(names) <= MAX_FIELDS
+        and all(type(n) is str for n in names)
+        and len(set(names)) == len(names)
+        and type(kinds) is str
+    ):
+        raise Rejected("bad_rows", "names and kinds", seq)
+    try:
+        shape = FieldShape(tuple(names), kinds)  # the client's own reading of names and kinds
+    except ValueError:
+        raise Rejected("bad_rows", "names and kinds", seq) from None
+    layout = shape.row
+    body = memoryview(data)[end + 1 :]
+    if not body or len(body) % layout.size:
+        raise Rejected("bad_rows", f"{len(body)} bytes of rows of {layout.size}", seq)
+    if seq + len(body) // layout.size - 1 > INT64_MAX:
+        raise Rejected("bad_seq", "the rows' numbers pass int64", seq)
+    m, tags = header.get("m"), header.get("tags")
+    return [
+        {
+            "v": PROTOCOL_VERSION,
+            "kind": KIND_POINT,
+            "seq": seq + i,
+            "m": m,
+            "ts": row[-1],
+            "tags": tags,
+            "fields": shape.fields(row),
+        }
+        for i, row in enumerate(layout.iter_unpack(body))
+    ]
+
+
+def is_version(v: Any) -> bool:
+    """Whether ``v`` is this protocol's version (an ``int``: ``1.0`` and ``True`` are not)."""
+    return type(v) is int and v == PROTOCOL_VERSION
 
 
 #: Longest text of an int64.

@@ -10,13 +10,14 @@ It is a file of lines, each a message the agent would have received, so that wri
 nothing. Step rows (:class:`~gpulse.channel.protocol.StepRows`), nearly all of a run's points, are
 kept as rows datagrams: a line ``@gpulse-rows <count> <base64>`` holds up to
 :data:`ROWS_PER_LINE` of them, packed, no number formatted. Any other point (the run's start and
-end, events) is a line ``@gpulse-point <json>``, its channel message. Why: line protocol costs ~1 µs
-a step to format (three floats in 17 digits; hot), which a run without an agent paid on its own
-background thread, where packing costs ~0.1 µs (hot); and the line-protocol encoder's modules cost
-~20 ms of CPU to import, which the first recording paid on that thread while holding the GIL, so
-the training loop stood still for as long. The formatting is done by whoever reads the file
-(:func:`read_records`: ``gpulse upload``, ``gpulse report --from-file``), with the agent's own
-reading of a datagram (:mod:`gpulse.channel.validate`) and the agent's encoder, so a recorded point
+end, events) is a line ``@gpulse-point <json>``, its channel message. Why: formatting line protocol
+(three floats in 17 digits a step) costs several times what packing does, and a run without an
+agent would pay it on its own background thread; and importing the line-protocol encoder's modules
+costs CPU that the first recording would pay on that thread while holding the GIL, so the training
+loop would stand still for as long. The formatting is done by
+whoever reads the file (:func:`read_records`: ``gpulse upload``, ``gpulse report --from-file``),
+with the agent's own reading of a datagram (:func:`~gpulse.channel.protocol.decode_rows`) and the
+agent's encoder, so a recorded point
 becomes the very line the agent would have written (the same text, not only the same value). Steps
 with more fields than a point may have, or names that alone fill a datagram, are written as
 ``@gpulse-point`` lines, one a step. These lines are not line protocol: InfluxDB's own tools reject
@@ -28,7 +29,7 @@ when the disk fills up the part of the last line that was written is cut away ag
 (:class:`PartialRecording` says how many whole points made it).
 
 Imported only when something must be recorded or read (``import gpulse.training`` stays cheap); writing
-imports nothing beyond the channel's protocol, reading imports the agent's reader and encoder.
+imports nothing beyond the channel's protocol, reading imports the agent's encoder.
 """
 
 from __future__ import annotations
@@ -40,7 +41,18 @@ import stat
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from gpulse.channel.protocol import RECORD_FILE, Point, PointHead, StepRows, encode, encode_rows, rows_per_datagram
+from gpulse.channel.protocol import (
+    RECORD_FILE,
+    Point,
+    PointHead,
+    Rejected,
+    StepRows,
+    decode_json,
+    decode_rows,
+    encode,
+    encode_rows,
+    rows_per_datagram,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -207,7 +219,6 @@ def read_records(path: str | Path) -> Iterator[tuple[int, str, LinePoint | LineE
 def _expand(line: str, encoder: Encoder) -> Iterator[tuple[str, LinePoint | LineError]]:
     """The points of one ``@gpulse-`` line, read as the agent reads a datagram: a rows line's rows, or
     a point line's point."""
-    from gpulse.channel.validate import Rejected, decode_json, unpack_rows  # the agent's reader: only when reading
     from gpulse.lineprotocol.parse import LineError, parse_line
 
     shown = line[:80]
@@ -215,7 +226,7 @@ def _expand(line: str, encoder: Encoder) -> Iterator[tuple[str, LinePoint | Line
     try:
         if line.startswith(ROWS_MARK):
             count, b64 = line[len(ROWS_MARK) :].split(" ", 1)
-            messages = unpack_rows(binascii.a2b_base64(b64, strict_mode=True))
+            messages = decode_rows(binascii.a2b_base64(b64, strict_mode=True))
             if len(messages) != int(count):
                 raise ValueError(f"{len(messages)} rows where the line says {count}")
         elif line.startswith(POINT_MARK):

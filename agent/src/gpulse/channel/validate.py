@@ -1,10 +1,13 @@
 """The agent's reading of the channel: one check of everything that arrives, into typed messages.
 
 Datagrams come from processes the agent does not control, so nothing is trusted. :func:`unpack`
-opens the envelope (size, UTF-8, JSON, batch); :meth:`Validator.message` checks each message once,
+opens the envelope (size, batch; the JSON and the rows are decoded by their own format's module,
+:func:`~gpulse.channel.protocol.decode_json` and :func:`~gpulse.channel.protocol.decode_rows`, beside
+the encoders); :meth:`Validator.message` checks each message once,
 all of it (version, kind, seq, then its content against :mod:`gpulse.schema`), and returns a typed
 message: a :class:`CheckedPoint` ready to encode, or the :mod:`~gpulse.channel.protocol` type the
-client sent. A message that cannot be made valid is *rejected* with a cause (:class:`Rejected`); a
+client sent. A message that cannot be made valid is *rejected* with a cause
+(:class:`~gpulse.channel.protocol.Rejected`, one of :data:`REJECT_CAUSES`); a
 single bad field value (NaN in a logged loss, a string too long) is *dropped* with a cause and the
 rest of the point kept, so one bad scalar never costs a training step.
 
@@ -20,7 +23,6 @@ Also here: :func:`check_line_point`, the same schema rules for lines of a record
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter, OrderedDict
@@ -32,22 +34,24 @@ from gpulse import schema
 from gpulse.channel.protocol import (
     KIND_POINT,
     KIND_REGISTER,
-    KIND_ROWS,
     KIND_STATUS,
     KIND_UNREGISTER,
     MAX_DATAGRAM,
     MAX_FIELDS,
     MAX_OPEN_FIELDS_PER_RUN,
-    PROTOCOL_VERSION,
     REPLY_KINDS,
     ROWS_PREFIX,
     SEQUENCED_KINDS,
-    FieldShape,
     Register,
+    Rejected,
     StatusRequest,
     Unregister,
+    decode_json,
+    decode_rows,
+    is_version,
 )
 from gpulse.lineprotocol.encode import Series
+from gpulse.lineprotocol.limits import INT64_MAX, INT64_MIN
 from gpulse.lineprotocol.parse import Point as LinePoint
 
 #: Measurements a training process may send over the channel.
@@ -57,7 +61,6 @@ REQUIRED_TAGS = ("run", "rank", "local_rank", "world_size")
 _INT_TAGS = ("rank", "local_rank", "world_size")
 _TAG_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _DIGITS = re.compile(r"\d{1,9}")
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 MAX_UUIDS = 64
 MAX_UUID_LEN = 128
 #: Accepted point timestamps: at most this far in the past / future of the agent's clock.
@@ -106,19 +109,6 @@ DROP_CAUSES = {
 }
 
 
-class Rejected(Exception):
-    """A message that cannot be accepted; ``cause`` is a key of :data:`REJECT_CAUSES`.
-
-    ``seq`` is the message's own, when it had a valid one: the agent acknowledges rejected messages
-    too, since sending them again would not make them valid."""
-
-    def __init__(self, cause: str, detail: str = "", seq: int | None = None) -> None:
-        super().__init__(f"{cause}: {detail}" if detail else cause)
-        self.cause = cause
-        self.detail = detail
-        self.seq = seq
-
-
 @dataclass(frozen=True, slots=True)
 class CheckedPoint:
     """A point that passed every check: its series (tags with the agent's ``host``) and clean fields."""
@@ -134,97 +124,23 @@ Incoming = CheckedPoint | Register | Unregister | StatusRequest
 
 
 # -- the envelope -----------------------------------------------------------------------------------
-def _reject_constant(name: str) -> Any:
-    raise Rejected("nonfinite", name)
-
-
 def unpack(data: bytes) -> list[Any]:
     """The messages of one datagram, unchecked (:meth:`Validator.message` checks each); raises :class:`Rejected`.
 
-    A rows datagram becomes one ``point`` message per row (:func:`unpack_rows`)."""
+    A rows datagram becomes one ``point`` message per row (:func:`~gpulse.channel.protocol.decode_rows`)."""
     if len(data) > MAX_DATAGRAM:
         raise Rejected("too_large", f"{len(data)} bytes > {MAX_DATAGRAM}")
     if data[:1] == ROWS_PREFIX:
-        return unpack_rows(data)
+        return decode_rows(data)
     obj = decode_json(data)
     if isinstance(obj, dict) and "batch" in obj:
-        if not _is_version(obj.get("v")):
+        if not is_version(obj.get("v")):
             raise Rejected("bad_version", repr(obj.get("v"))[:40])
         batch = obj["batch"]
         if not isinstance(batch, list):
             raise Rejected("bad_batch", type(batch).__name__)
         return batch
     return [obj]
-
-
-def decode_json(data: bytes) -> Any:
-    """A datagram's JSON (UTF-8; NaN and infinities refused); raises :class:`Rejected`."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Rejected("not_utf8", str(exc)) from None
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except Rejected:
-        raise
-    except (ValueError, RecursionError) as exc:
-        raise Rejected("bad_json", str(exc)[:200]) from None
-
-
-def unpack_rows(data: bytes) -> list[dict[str, Any]]:
-    """A rows datagram (``protocol.encode_rows``) as the ``point`` messages its rows stand for: row
-    ``i`` numbered ``seq + i``, each value named by the header's ``names``, a duration (kind ``n``)
-    in seconds, the timestamp the row's last value. Names, kinds and layout are read by the client's
-    own :class:`~gpulse.channel.protocol.FieldShape` (the layout from ``kinds``, never from the
-    sender); ``m``, ``tags`` and the values are checked like any point's."""
-    end = data.find(b"\n")
-    if end < 0:
-        raise Rejected("bad_rows", "no header")
-    header = decode_json(data[1:end])
-    if not isinstance(header, dict):
-        raise Rejected("not_object", type(header).__name__)
-    if not _is_version(header.get("v")):
-        raise Rejected("bad_version", repr(header.get("v"))[:40])
-    if header.get("kind") != KIND_ROWS:
-        raise Rejected("bad_kind", repr(header.get("kind"))[:40])
-    seq, names, kinds = header.get("seq"), header.get("names"), header.get("kinds")
-    if not (type(seq) is int and 0 <= seq <= _INT_MAX):
-        raise Rejected("bad_seq", repr(seq)[:40])
-    if not (
-        isinstance(names, list)
-        and 0 < len(names) <= MAX_FIELDS
-        and all(type(n) is str for n in names)
-        and len(set(names)) == len(names)
-        and type(kinds) is str
-    ):
-        raise Rejected("bad_rows", "names and kinds", seq)
-    try:
-        shape = FieldShape(tuple(names), kinds)  # the client's own reading of names and kinds
-    except ValueError:
-        raise Rejected("bad_rows", "names and kinds", seq) from None
-    layout = shape.row
-    body = memoryview(data)[end + 1 :]
-    if not body or len(body) % layout.size:
-        raise Rejected("bad_rows", f"{len(body)} bytes of rows of {layout.size}", seq)
-    if seq + len(body) // layout.size - 1 > _INT_MAX:
-        raise Rejected("bad_seq", "the rows' numbers pass int64", seq)
-    m, tags = header.get("m"), header.get("tags")
-    return [
-        {
-            "v": PROTOCOL_VERSION,
-            "kind": KIND_POINT,
-            "seq": seq + i,
-            "m": m,
-            "ts": row[-1],
-            "tags": tags,
-            "fields": shape.fields(row),
-        }
-        for i, row in enumerate(layout.iter_unpack(body))
-    ]
-
-
-def _is_version(v: Any) -> bool:
-    return type(v) is int and v == PROTOCOL_VERSION
 
 
 # -- what the agent remembers per run ---------------------------------------------------------------
@@ -258,12 +174,12 @@ class Validator:
         """``msg`` (one element of :func:`unpack`) checked and typed; raises :class:`Rejected`."""
         if not isinstance(msg, dict):
             raise Rejected("not_object", type(msg).__name__)
-        if not _is_version(msg.get("v")):
+        if not is_version(msg.get("v")):
             raise Rejected("bad_version", repr(msg.get("v"))[:40])
         kind = msg.get("kind")
         seq = msg.get("seq")
         if seq is not None or kind in SEQUENCED_KINDS:
-            if not (type(seq) is int and 0 <= seq <= _INT_MAX):
+            if not (type(seq) is int and 0 <= seq <= INT64_MAX):
                 raise Rejected("bad_seq", repr(seq)[:40])
         try:
             if kind == KIND_POINT:
@@ -350,7 +266,7 @@ class Validator:
                 if type(value) is float and value - value == 0.0:
                     out[name] = value
                     continue
-            elif t == "int" and type(value) is int and _INT_MIN <= value <= _INT_MAX:
+            elif t == "int" and type(value) is int and INT64_MIN <= value <= INT64_MAX:
                 out[name] = value
                 continue
             cause, v = coerce(t, value)
@@ -440,11 +356,11 @@ def coerce(t: str, value: Any) -> tuple[str | None, Any]:
         return "type_mismatch", None
     if t == "int":
         if type(value) is int:
-            return (None, value) if _INT_MIN <= value <= _INT_MAX else ("type_mismatch", None)
+            return (None, value) if INT64_MIN <= value <= INT64_MAX else ("type_mismatch", None)
         if type(value) is float:
             if not math.isfinite(value):
                 return "nonfinite", None
-            if value.is_integer() and _INT_MIN <= value <= _INT_MAX:
+            if value.is_integer() and INT64_MIN <= value <= INT64_MAX:
                 return None, int(value)
         return "type_mismatch", None
     if t == "str":
@@ -485,16 +401,3 @@ def check_line_point(p: LinePoint) -> str | None:
         if t == "str" and len(value) > schema.MAX_STRING_LEN:
             return f"field {name!r} longer than {schema.MAX_STRING_LEN}"
     return None
-
-
-def causes_markdown() -> str:
-    """The two cause tables of ``docs/channel.md`` (``python -m gpulse.channel.validate`` prints them)."""
-    out = ["| rejected message (`rejected_by_cause`) | why |", "| --- | --- |"]
-    out += [f"| `{cause}` | {text} |" for cause, text in REJECT_CAUSES.items()]
-    out += ["", "| dropped value (`values_dropped_by_cause`) | why |", "| --- | --- |"]
-    out += [f"| `{cause}` | {text} |" for cause, text in DROP_CAUSES.items()]
-    return "\n".join(out) + "\n"
-
-
-if __name__ == "__main__":
-    print(causes_markdown(), end="")

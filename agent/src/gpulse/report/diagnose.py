@@ -5,7 +5,7 @@ its id and title, the thresholds it reads (fields of :class:`Thresholds`, the si
 limits), and the action to take. Its function looks at the report and returns a :class:`Hit`
 (the evidence, with numbers, and the threshold crossed), a :class:`NotEvaluated` (the data it needs
 is missing) or ``None`` (nothing found). ``docs/report.md`` is rendered from the thresholds and the
-rules (``python -m gpulse.report.diagnose``); ``gpulse report --threshold name=value`` and
+rules (:mod:`gpulse.docs.report`); ``gpulse report --threshold name=value`` and
 ``build_report(thresholds=...)`` override limits.
 
 Adding a rule: a function with ``@rule`` below the others (findings come in registry order), its
@@ -403,83 +403,3 @@ def diagnose(report: RunReport | NodeReport, t: Thresholds) -> tuple[list[Findin
 
 def _subject(report: RunReport | NodeReport) -> str:
     return "run" if isinstance(report, RunReport) else "recording"
-
-
-DOC_INTRO = """# Run report and diagnosis
-
-`run.finish()` writes `metrics_report.json` into the run's output directory (in a distributed run,
-rank 0 writes it for every rank: each rank hands its points over through the process group's
-key-value store at `finish()`; a rank that cannot makes the report `partial`, with the reason), and
-`gpulse report --run ID` builds the same report from InfluxDB (or `--from-file` a recording),
-prints it (diagnosis first), writes `metrics_report.json` to `--out`, and with `--html` a
-self-contained `metrics_report.html` (inline SVG plots; opens without a server).
-
-```
-gpulse report --run exp1 --url http://127.0.0.1:8086 --api v1 --bucket gpulse --html --out reports/
-gpulse report --from-file out/gpulse-records.rec --threshold data_loading_ratio=0.25
-```
-
-A recording without a training run (`gpulse agent --record node.lp`) gives a **node report**
-instead: `node_report.json` (and `node_report.html`) with each GPU's utilisation, memory, power,
-energy and throttling, the GPU events (XID, ECC, lost), and the rules that need only GPU samples.
-
-## Main fields
-
-| field | meaning |
-| --- | --- |
-| `train_runtime` | run duration, s (from the run's start/end points, else the steps' span) |
-| `train_samples_per_second`, `train_steps_per_second`, `train_tokens_per_second` | totals over all ranks / runtime |
-| `data_loading_time_ratio` | Σ data wait / Σ (data wait + step time), all ranks |
-| `communication_time_ratio` | exposed communication: time steps wait for it after backward's compute, less waiting for slower ranks, / Σ step time (only where it is measured) |
-| `communication_in_flight_ratio` | time any collective was in flight or waited for / Σ step time (DDP comm hook: `attach_ddp`) |
-| `wait_for_slower_ranks_ratio` | time ranks waited at the collective for slower ranks (a straggler) / Σ step time |
-| `partial`, `partial_reason` | the report lacks ranks of the run, and why (rank 0 gathers every rank's points at `finish()`) |
-| `mfu`, `tflops_per_gpu` | step-time-weighted means of the per-step values (formula in `run.mfu_formula`) |
-| `gpu_peak_memory_allocated_gb` | peak CUDA memory allocated by any rank, GiB (2^30 B) |
-| `gpu_avg_utilization_percent`, `gpu_max_utilization_percent` | NVML util over the run's GPU samples |
-| `gpu_avg_sm_active_percent`, `gpu_avg_tensor_active_percent` | GPM activity (Hopper+), where known |
-| `energy_kwh`, `energy_j_per_step` | from the GPU energy counters (else power × time) |
-| `throttle_time_ratio`, `throttle_time_s` | worst GPU: share / seconds of samples with clocks held back |
-| `per_gpu`, `per_rank` | the spread: one entry per GPU and per rank (`slowdown_vs_median` per rank) |
-| `hints` | what a distributed run did not measure, and the call that measures it |
-| `diagnosis` | findings: `id`, `title`, `evidence` (numbers), `threshold`, `action` |
-| `not_evaluated` | checks skipped for lack of data (e.g. no GPU samples) |
-
-GPU samples of a run are the `gpu` points tagged `run=<id>` (the agent tags the GPUs a run
-registered), else the GPUs of the run's hosts during the run's time window.
-
-The HTML report plots every GPU and every rank: up to 16 as one line each, more as a heat strip
-(one row per GPU or rank, colour = value) with the median and the 10th-90th percentile band.
-Throughput is what the user got: tokens (or samples) per second of wall time, data waits included.
-
-## Diagnosis thresholds
-
-Override any of them with `--threshold name=value` (repeatable) or `build_report(..., thresholds={...})`.
-
-| name | default | unit | meaning |
-| --- | --- | --- | --- |
-"""
-
-
-def render_markdown() -> str:
-    """``docs/report.md``, from :class:`Thresholds` and :data:`RULES` (a test keeps the file equal to this)."""
-    rows = [f"| `{t.name}` | {t.default:g} | {t.unit} | {t.doc} |" for t in THRESHOLDS.values()]
-    rules = [
-        f"| `{r.id}` | {r.title} | {', '.join(f'`{t}`' for t in r.thresholds)} | "
-        f"{'run and node' if r.gpus_only else 'run'} | {r.action} |"
-        for r in RULES.values()
-    ]
-    head = [
-        "",
-        "## Rules",
-        "",
-        "Each finding comes from one rule (`gpulse.report.diagnose`), listed in this order.",
-        "",
-        "| id | finding | thresholds | reports | action |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    return DOC_INTRO + "\n".join(rows + head + rules) + "\n"
-
-
-if __name__ == "__main__":
-    print(render_markdown(), end="")

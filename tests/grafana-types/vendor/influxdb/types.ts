@@ -1,14 +1,15 @@
-// Vendored from grafana/grafana, public/app/plugins/datasource/influxdb/types.ts (Apache-2.0).
+// Vendored from grafana/grafana-influxdb-datasource, src/types.ts (Apache-2.0), at commit b3008cfa.
 //
 // The InfluxDB query model is not part of @grafana/schema: it lives in the datasource's own
-// source. This is the file as Grafana's code index holds it in its current form (the InfluxQL,
-// Flux and SQL versions, the annotation fields the datasource's prepareAnnotation migration writes
-// and its _query reads: fromAnnotations, queryType, textColumn, tagsColumn, titleColumn,
-// timeEndColumn). The grafana/grafana tag v12.4.11 matching the image could not be checked out
-// here (the repository snapshot is larger than this machine may fetch), so the copy is the
-// newest one available; every field gpulse writes has been in it since Grafana 10.
+// source. From Grafana 13 the InfluxDB datasource is an external plugin that the grafana/grafana
+// image bundles (grafana/grafana PRs #129593 "InfluxDB: Add to default bundled and preinstalled
+// plugins" and #129602 "InfluxDB: Remove from core plugins"), so its types come from that
+// repository, not from public/app/plugins/datasource/influxdb/ as up to Grafana 12.4. The file is
+// the InfluxQL, Flux and SQL query model with the annotation fields the datasource's migration
+// writes and its annotation runner reads (fromAnnotations, queryType, textColumn, tagsColumn,
+// titleColumn, timeEndColumn); every field gpulse writes is in it, unchanged since Grafana 10.
 // Unchanged below this header.
-import { AdHocVariableFilter, DataQuery, DataSourceJsonData } from '@grafana/data';
+import { type AdHocVariableFilter, type DataQuery, type DataSourceJsonData } from '@grafana/data';
 
 export const DEFAULT_POLICY = 'default';
 
@@ -105,10 +106,7 @@ export interface InfluxQuery extends DataQuery {
   timeEndColumn?: string;
   titleColumn?: string;
   name?: string;
-  matchAny?: boolean;
-  type?: string;
 
-  textEditor?: boolean;
   adhocFilters?: AdHocVariableFilter[];
 }
 

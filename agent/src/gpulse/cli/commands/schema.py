@@ -11,7 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpulse.schema import render_markdown
+    from gpulse.docs.schema import render_markdown
 
     text = render_markdown()
     if args.check:

@@ -1,5 +1,9 @@
 """The agent's end of the training channel: a thread reading datagrams from a Unix socket.
 
+The server half of :mod:`gpulse.channel.endpoint` (the clients' socket). It lives in the channel
+because it needs nothing of the agent's: ``submit`` and ``durable`` are plain callables (the
+agent passes its ``Delivery``'s), so the channel stays a leaf (standard library, schema, line protocol).
+
 Training processes (``gpulse.training``) send ``point`` / ``register`` / ``unregister`` / ``status``
 messages (``gpulse.channel.protocol``). Each message is checked once (:mod:`gpulse.channel.validate`,
 which hands back typed messages; a point comes with its series, tagged with ``host``), valid points
@@ -197,7 +201,7 @@ class TrainingReceiver:
             try:
                 ready, _, _ = select.select([sock], [], [], ACK_INTERVAL_S)
                 if ready:
-                    # Drain what is queued, but return to acks and liveness at least every ~100 ms.
+                    # Drain what is queued, but return to acks and liveness at least every ACK_INTERVAL_S.
                     deadline = time.monotonic() + ACK_INTERVAL_S
                     while time.monotonic() < deadline:
                         try:

@@ -22,9 +22,9 @@ import pytest
 from support.waiting import eventually
 
 from gpulse.channel import protocol
+from gpulse.channel import server as receiver_mod
+from gpulse.channel.server import TrainingReceiver
 from gpulse.lineprotocol.parse import parse_line
-from gpulse.sources import training as receiver_mod
-from gpulse.sources.training import TrainingReceiver
 
 TAGS = {"run": "r1", "rank": "0", "local_rank": "0", "world_size": "1"}
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpulse.channel import protocol
+from gpulse.channel.server import TrainingReceiver
 from gpulse.channel.validate import check_line_point
 from gpulse.lineprotocol.parse import parse_line
-from gpulse.sources.training import TrainingReceiver
 
 json_like = st.recursive(
     st.none()
