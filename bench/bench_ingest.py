@@ -175,8 +175,8 @@ def run(table: Table) -> dict[str, float]:
     table.add(
         f"ingest, training records/s on one core ({SENDERS} senders, {SENDERS * per_sender:,} records a round, "
         f"median of {len(ours)} rounds, {rejected} rejected)",
-        f"{agent_rate:,.0f}",
-        f"{bare_rate:,.0f} (recv + json header + struct rows, nothing else)",
+        f"{agent_rate:,.0f} ({min(ours):,.0f}-{max(ours):,.0f})",
+        f"{bare_rate:,.0f} ({min(bare):,.0f}-{max(bare):,.0f}): recv + json header + struct rows, nothing else",
         f"{agent_rate / bare_rate:.2f}",
         ">= 100k/s",
     )

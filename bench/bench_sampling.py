@@ -243,6 +243,10 @@ def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
+def _span(runs: list[dict[str, float]], key: str) -> str:
+    return f"{min(r[key] for r in runs):.3f}-{max(r[key] for r in runs):.3f}"
+
+
 def _both(table: Table, tmp: Path, url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     agents, bares = [], []
@@ -253,8 +257,8 @@ def _both(table: Table, tmp: Path, url: str) -> dict[str, float]:
     ratio = agent["total_ms"] / bare["total_ms"]
     table.add(
         f"agent process CPU per cycle, 8 GPUs at 1 Hz, stand-in included (median of {len(agents)} runs), ms",
-        f"{agent['total_ms']:.3f}",
-        f"{bare['total_ms']:.3f}: the same NVML calls through pynvml in a plain loop "
+        f"{agent['total_ms']:.3f} ({_span(agents, 'total_ms')})",
+        f"{bare['total_ms']:.3f} ({_span(bares, 'total_ms')}): the same NVML calls through pynvml in a plain loop "
         f"(C calls per cycle: agent {agent['c_calls']:.1f}, loop {bare['c_calls']:.1f})",
         f"{ratio:.2f}",
         "<= 2.0",
