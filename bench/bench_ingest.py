@@ -181,3 +181,9 @@ def run(table: Table) -> dict[str, float]:
         ">= 100k/s",
     )
     return {"ingest_records_per_s": round(agent_rate), "ingest_ratio_vs_bare_recv": round(agent_rate / bare_rate, 3)}
+
+
+if __name__ == "__main__":
+    table = Table()
+    print(json.dumps(run(table)))
+    print(table.render())
