@@ -6,9 +6,10 @@ No Grafana server runs in the tests: :func:`interpolate` reproduces the substitu
 Grafana would send it. It follows Grafana's ``public/app/features/templating/template_srv.ts``
 (``replace``: the three variable syntaxes, the ``:regex`` format) and the InfluxDB datasource's
 ``datasource.ts`` (``getTimeFilter`` for ``$timeFilter``, ``interpolateQueryExpr``: a multi-value or
-"All" variable's values regex-escaped and joined as ``(a|b)``); named as in Grafana 12's source
-tree, from the code this module was first written against (from Grafana 13 the InfluxDB datasource
-is an external plugin the image bundles), not re-read when it moved here. Where it differs: only relative
+"All" variable's values regex-escaped and joined as ``(a|b)``). These names are Grafana 12's
+source tree as recalled when this module moved to test support, not checked against the source
+then (from Grafana 13 the InfluxDB datasource is an external plugin the image bundles). Where it
+differs: only relative
 ranges (``now``, ``now-N[smhdw]``) are rendered, never absolute dates; ``$__interval`` is given by
 the caller (``grafana_queries.grafana_interval`` computes Grafana's), and a single-value variable
 without ``:regex`` is inserted unescaped.
