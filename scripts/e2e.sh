@@ -58,6 +58,6 @@ agent=$!
   --out "$work/demo"
 wait "$agent"
 
-"$py" scripts/e2e_check.py --influx "$influx" --grafana "http://127.0.0.1:$GPULSE_GRAFANA_PORT" \
+PYTHONPATH="$repo/agent/tests${PYTHONPATH:+:$PYTHONPATH}" "$py" scripts/e2e_check.py --influx "$influx" --grafana "http://127.0.0.1:$GPULSE_GRAFANA_PORT" \
   --secrets "$work/secrets" --dashboards grafana/dashboards
 echo "make e2e: passed"

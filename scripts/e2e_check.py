@@ -5,6 +5,8 @@
 3. Grafana: healthy, the datasource works, every dashboard JSON under grafana/dashboards is provisioned,
    and each panel's queries (template variables resolved through Grafana, as the UI would) return data.
 Prints one line per dashboard with how many panels returned data; exits 1 on any failure.
+The queries are substituted by the tests' stand-in for Grafana's (``agent/tests/support/
+grafana_interpolate.py``; ``scripts/e2e.sh`` puts ``agent/tests`` on ``PYTHONPATH``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gpulse.dashboards.influxql import Variable, interpolate
+from support.grafana_interpolate import Selection, interpolate
+
 from gpulse.influx.downsample import TIERS, task_name
 
 RANGE = "now-3h"
@@ -127,7 +130,7 @@ def panels(items: list[dict]) -> list[dict]:
 def check_dashboard(grafana: Grafana, path: Path, ds_default: str) -> tuple[int, int, list[str]]:
     doc = json.loads(path.read_text())
     grafana.get(f"/api/dashboards/uid/{doc['uid']}")  # provisioned
-    variables: dict[str, Variable] = {}
+    variables: dict[str, Selection] = {}
     for v in doc.get("templating", {}).get("list", []):
         if v.get("type") == "query":
             q = v["query"]["query"] if isinstance(v.get("query"), dict) else v.get("query", "")
@@ -140,7 +143,7 @@ def check_dashboard(grafana: Grafana, path: Path, ds_default: str) -> tuple[int,
         else:
             cur = v.get("current", {}).get("value", "")
             values = tuple(cur) if isinstance(cur, list) else (str(cur),)
-        variables[v["name"]] = Variable(values=values, multi=True)
+        variables[v["name"]] = Selection(values=values, multi=True)
     total, with_data, empty = 0, 0, []
     for p in panels(doc.get("panels", [])):
         total += 1

@@ -4,7 +4,7 @@ names what the scenario planted.
 The demo runs as a user runs it (``gpulse demo --api v1 --url ...``, a subprocess) against a real
 InfluxDB 1.x that ``gpulse setup --api v1`` prepared. Every panel, variable and annotation query of
 every dashboard is then run over the dashboard's own default time range, with Grafana's macro and
-variable substitution reproduced by :func:`gpulse.dashboards.influxql.interpolate` (no Grafana
+variable substitution reproduced by :func:`support.grafana_interpolate.interpolate` (no Grafana
 server runs here), reusing the dashboards' own query test helpers.
 """
 
@@ -22,9 +22,9 @@ from support.fixtures import gpulse_cmd
 from support.grafana_queries import panel_rows
 from support.influxd import InfluxDB1
 
-from gpulse.cli import demo
 from gpulse.dashboards import dashboards
 from gpulse.lineprotocol.parse import read_lines
+from gpulse.sources import scenario
 
 pytestmark = pytest.mark.influxdb
 
@@ -76,7 +76,7 @@ def test_the_demo_prints_its_story_the_grafana_links_and_the_diagnosis_of_the_pl
 def test_the_demo_fills_the_last_hours_with_every_planted_event(demo_run: dict) -> None:
     influx = demo_run["influx"]
     run = demo_run["run"]
-    host = f"\"host\" = '{demo.DEMO_HOST}'"
+    host = f"\"host\" = '{scenario.DEMO_HOST}'"
     per_gpu = influx.rows(f'SELECT count("util_gpu_pct") FROM "gpu" WHERE {host} AND time > now() - 4h GROUP BY "gpu"')
     assert len(per_gpu) == 8 and all(r["count"] >= 3 * 360 - 2 for r in per_gpu), per_gpu
     (xid,) = influx.rows(f'SELECT "xid", "kind" FROM "gpu_event" WHERE {host} GROUP BY "gpu"')
@@ -101,8 +101,8 @@ def test_after_the_demo_every_panel_of_a_dashboard_shows_data_over_its_default_r
     influx = demo_run["influx"]
     dash = dashboard.to_json()
     # the host and run a user picks: the demo's
-    assert demo.DEMO_HOST in {r["value"] for r in influx.rows('SHOW TAG VALUES FROM "gpu" WITH KEY = "host"')}
-    counts = panel_rows(influx, dash, dash["time"]["from"], {"host": demo.DEMO_HOST, "run": demo_run["run"]})
+    assert scenario.DEMO_HOST in {r["value"] for r in influx.rows('SHOW TAG VALUES FROM "gpu" WITH KEY = "host"')}
+    counts = panel_rows(influx, dash, dash["time"]["from"], {"host": scenario.DEMO_HOST, "run": demo_run["run"]})
     print(f"\n{dashboard.title}: {sum(1 for n in counts.values() if n)}/{len(counts)} panels and annotations with data")
     assert [title for title, n in counts.items() if n == 0] == []
 
@@ -143,13 +143,17 @@ def test_the_demo_refuses_a_database_without_setup_and_names_the_fix(influxdb: I
 
 
 def test_the_scenario_is_a_pure_function_of_its_end_time_and_seed() -> None:
-    end = 1_800_000_000 * demo.NS
-    tl = demo.Timeline.build(end, hours=0.5)
-    a, uuids = demo.gpu_lines(tl, "r", seed=3)
-    b, _ = demo.gpu_lines(tl, "r", seed=3)
+    end = 1_800_000_000 * scenario.NS
+    tl = scenario.Timeline.build(end, hours=0.5)
+    a, uuids = scenario.gpu_lines(tl, "r", seed=3)
+    b, _ = scenario.gpu_lines(tl, "r", seed=3)
     assert a == b
-    assert demo.training_lines(tl, "r", uuids, seed=3).lines == demo.training_lines(tl, "r", uuids, seed=3).lines
+    assert (
+        scenario.training_lines(tl, "r", uuids, seed=3).lines == scenario.training_lines(tl, "r", uuids, seed=3).lines
+    )
     assert tl.phase(tl.run_start_ns - 1, 0) == "idle" and tl.phase(tl.run_end_ns, 0) == "idle"
     thermal = next(e for e in tl.episodes if e.name == "throttled")
     assert tl.phase(thermal.start_ns, 3) == "throttled"  # throttling shows over the straggler's power cap
-    assert tl.slowdown(thermal.start_ns, 3) == pytest.approx(demo.SLOWDOWN["throttled"] * demo.SLOWDOWN["straggler"])
+    assert tl.slowdown(thermal.start_ns, 3) == pytest.approx(
+        scenario.SLOWDOWN["throttled"] * scenario.SLOWDOWN["straggler"]
+    )

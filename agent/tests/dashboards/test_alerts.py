@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import yaml
+from support.influxql_checks import check_references
 
 from gpulse.dashboards import ALERTS_PATH, WEBHOOK_DEFAULT_PATH, alerts, dashboards
 from gpulse.dashboards.builder import DATASOURCE_UID
-from gpulse.dashboards.influxql import check_references
 
 REQUIRED = {
     "gpulse-gpu-idle-memory",
@@ -261,7 +261,7 @@ def test_the_policy_sends_every_gpulse_alert_to_both_contact_points(repo_root: P
 def test_the_compose_stack_runs_the_alert_log_service_grafana_posts_to(repo_root: Path) -> None:
     compose = yaml.safe_load((repo_root / "docker-compose.yml").read_text())
     svc = compose["services"]["alert-log"]
-    assert svc["entrypoint"] == ["python", "-m", "gpulse.dashboards.alert_receiver"]
+    assert svc["entrypoint"] == ["python", "-m", "gpulse.services.alert_receiver"]
     port = svc["command"][svc["command"].index("--port") + 1]
     assert alerts.ALERT_LOG_URL == f"http://alert-log:{port}"
     assert "ports" not in svc  # reachable only on the compose network

@@ -8,7 +8,7 @@ boundary, exactly where a GPU run would supply them: the allocator counters (a f
 ``torch._C._cuda_memoryStats``) and the ``register`` message carrying the run's GPU UUIDs. The
 History dashboard is queried after ``downsample_now`` ran the continuous queries' ``SELECT INTO``.
 
-No Grafana server exists here: :func:`gpulse.dashboards.influxql.interpolate` reproduces its macro
+No Grafana server exists here: :func:`support.grafana_interpolate.interpolate` reproduces its macro
 and variable substitution, and :func:`evaluate` below stands in for Grafana's server-side alert
 expressions (reduce ``last``, ``&&``-joined comparisons in math, thresholds).
 """
@@ -31,12 +31,12 @@ from typing import Any
 
 import pytest
 from grafana_ts import backend_frames, ensure_installed, grafana, misreads
+from support.grafana_interpolate import interpolate
 from support.grafana_queries import data_rows, panel_queries, panel_rows, resolve_variables
 
 from gpulse import schema
 from gpulse.dashboards import alerts, dashboards
 from gpulse.dashboards.builder import DATASOURCE_UID
-from gpulse.dashboards.influxql import interpolate
 from gpulse.influx import downsample
 from gpulse.influx.connection import Connection
 from gpulse.lineprotocol.encode import Encoder

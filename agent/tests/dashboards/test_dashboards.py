@@ -11,19 +11,13 @@ from typing import Any
 import pytest
 import yaml
 from support.fixtures import REPO
+from support.grafana_interpolate import Selection, interpolate
+from support.influxql_checks import check_references, plain_field, select_columns, tag_keys
 
 from gpulse import schema
 from gpulse.dashboards import DASHBOARDS_DIR, alerts, check, dashboards, node, rendered, training
 from gpulse.dashboards.builder import DATASOURCE_UID, Panel
-from gpulse.dashboards.influxql import (
-    Variable,
-    check_references,
-    interpolate,
-    plain_field,
-    references,
-    select_columns,
-    tag_keys,
-)
+from gpulse.dashboards.influxql import references
 from gpulse.dashboards.units import SCHEMA_UNITS
 from gpulse.influx import downsample
 
@@ -178,7 +172,7 @@ def test_variables_list_tags_of_their_measurement_and_every_used_variable_is_def
         ((_, measurement),) = references(v["query"]).sources[:1]
         keys = tag_keys(v["query"]) or [re.search(r'"(\w+)" AS "\w+"', v["query"]).group(1)]  # type: ignore[union-attr]
         assert set(keys) <= set(schema.MEASUREMENTS[measurement].all_tags)
-    selection = {n: Variable(("x",)) for n in names}
+    selection = {n: Selection(("x",)) for n in names}
     for q in _all_queries(dash):
         interpolate(q, selection)  # raises KeyError on an undefined $variable
         for n in names:
@@ -277,10 +271,34 @@ def _columns_with_units(p: Panel) -> list[tuple[str, str, str, str]]:
         if q.unit is not None:
             out += [(measurement, expr, name, q.unit.quantity) for expr, name in cols]
         by_name = {name: expr for expr, name in cols}
-        out += [
-            (measurement, by_name[c.from_query], c.name, c.unit.quantity) for c in p.columns if c.from_query in by_name
-        ]
+        for c in p.columns:
+            if (source := _query_column(c.name, p.transformations)) in by_name:
+                out.append((measurement, by_name[source], c.name, c.unit.quantity))
     return out
+
+
+def _query_column(shown: str, transformations: list[dict[str, Any]]) -> str:
+    """The query column a table shows as ``shown``: the panel's transformations walked backwards,
+    an ``organize`` rename undone, a ``groupBy`` aggregate's ``"field (calculation)"`` name back to
+    its field (the name Grafana's groupBy transformer gives it)."""
+    name = shown
+    for t in reversed(transformations):
+        if t["id"] == "organize":
+            name = {new: old for old, new in t["options"].get("renameByName", {}).items()}.get(name, name)
+        elif t["id"] == "groupBy":
+            m = re.fullmatch(r"(.+) \((\w+)\)", name)
+            if m and t["options"]["fields"].get(m[1], {}).get("operation") == "aggregate":
+                name = m[1]
+    return name
+
+
+def test_a_table_column_is_traced_back_through_renames_and_aggregations_to_its_query_column() -> None:
+    (processes,) = [p for p in node.build().panels() if p.title == "Processes"]
+    shown = {c.name: _query_column(c.name, processes.transformations) for c in processes.columns}
+    assert shown["PID"] == "pid"
+    assert shown["GPU memory"] == shown["peak GPU memory"] == "mem_used_bytes"
+    assert shown["last seen"] == "Time"
+    assert _query_column("user", processes.transformations) == "user"  # neither renamed nor aggregated
 
 
 def _measurement(sql: str) -> str:
@@ -323,7 +341,7 @@ def test_every_numeric_table_column_and_query_has_its_own_unit(built: Any) -> No
         if p.type == "text":
             continue
         if p.type == "table":
-            with_units = {c.from_query for c in p.columns}
+            with_units = {_query_column(c.name, p.transformations) for c in p.columns}
             for q in p.queries:
                 assert q.unit is None, f"{p.title}: a table gets units per column"
                 numeric = [name for expr, name in select_columns(q.sql) if _numeric(_measurement(q.sql), expr)]
@@ -353,8 +371,8 @@ def test_the_reference_checker_reports_misspelled_names_missing_downsampled_data
 
 
 def test_interpolation_formats_variables_like_grafana() -> None:
-    hosts = Variable(("node-a", "node.b"))
-    one = Variable(("run/1",), multi=False)
+    hosts = Selection(("node-a", "node.b"))
+    one = Selection(("run/1",), multi=False)
     q = 'SELECT 1 FROM "gpu" WHERE "host" =~ /^$host$/ AND "run" =~ /^${run:regex}$/ AND $timeFilter GROUP BY time($__interval)'
     assert interpolate(q, {"host": hosts, "run": one}, time_from="now-6h", interval="10s") == (
         'SELECT 1 FROM "gpu" WHERE "host" =~ /^(node-a|node\\.b)$/ AND "run" =~ /^run\\/1$/ '

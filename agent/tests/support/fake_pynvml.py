@@ -13,7 +13,7 @@ every test: ``NVMLError_*`` classes come from pynvml's ``_nvmlCheckReturn``, a m
 symbol becomes pynvml's own ``NVMLLibraryMismatchError`` through ``throwOnVersionMismatch``.
 
 The behaviours it models, each from the NVML API reference (``nvml.h`` of API 13 as vendored by
-NVIDIA/go-nvml ``pkg/nvml/nvml.h`` at 2f9e261; section named after the function):
+NVIDIA/go-nvml ``pkg/nvml/nvml.h``; section named after the function):
 
 * ``nvmlInitWithFlags``: DRIVER_NOT_LOADED without a driver; ``NVML_ERROR_LIB_RM_VERSION_MISMATCH``
   ("RM has detected an NVML/RM version mismatch") when the kernel module is not the version of the

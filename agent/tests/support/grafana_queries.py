@@ -1,6 +1,6 @@
 """Run a dashboard's queries as Grafana would send them, against a real InfluxDB 1.x.
 
-No Grafana server exists here: :func:`gpulse.dashboards.influxql.interpolate` reproduces its macro
+No Grafana server exists here: :func:`support.grafana_interpolate.interpolate` reproduces its macro
 and variable substitution, and :func:`grafana_interval` its ``$__interval`` (range / max data
 points, rounded to Grafana's steps, never below the panel's or datasource's minimum: ``rangeutil.ts``
 ``calculateInterval`` and ``roundInterval`` of ``@grafana/data`` 12.4.10, the table below in seconds).
@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpulse.dashboards.influxql import Variable, interpolate
+from support.grafana_interpolate import Selection, interpolate
 
 MAX_DATA_POINTS = 1000
 _ROUND = [(1.5, 1), (3.5, 2), (7.5, 5), (12.5, 10), (17.5, 15), (25, 20), (45, 30), (90, 60), (210, 120), (450, 300)]
@@ -99,10 +99,10 @@ def _sorted(values: list[str], sort: int) -> list[str]:
 
 def resolve_variables(
     influx: Any, dash: dict[str, Any], time_from: str, picks: Mapping[str, str]
-) -> dict[str, Variable]:
+) -> dict[str, Selection]:
     """Run each variable's query in order; select the value ``picks`` names, else what Grafana selects
     by default (All where offered, else the first option)."""
-    resolved: dict[str, Variable] = {}
+    resolved: dict[str, Selection] = {}
     for v in dash["templating"]["list"]:
         q = interpolate(v["query"], resolved, time_from=time_from)
         values = _sorted(variable_values(influx, q), v.get("sort", 0))
@@ -113,11 +113,11 @@ def resolve_variables(
             values = [pick]
         elif not v["includeAll"]:
             values = values[:1]
-        resolved[v["name"]] = Variable(tuple(values), multi=v["multi"] or v["includeAll"])
+        resolved[v["name"]] = Selection(tuple(values), multi=v["multi"] or v["includeAll"])
     return resolved
 
 
-def panel_queries(dash: dict[str, Any], variables: Mapping[str, Variable], time_from: str) -> list[tuple[Any, ...]]:
+def panel_queries(dash: dict[str, Any], variables: Mapping[str, Selection], time_from: str) -> list[tuple[Any, ...]]:
     """(panel, target, query as Grafana sends it) for every target of every panel."""
     out = []
     for p in dash["panels"]:
@@ -128,7 +128,7 @@ def panel_queries(dash: dict[str, Any], variables: Mapping[str, Variable], time_
 
 
 def annotation_queries(
-    dash: dict[str, Any], variables: Mapping[str, Variable], time_from: str
+    dash: dict[str, Any], variables: Mapping[str, Selection], time_from: str
 ) -> list[tuple[str, str]]:
     return [
         (a["name"], interpolate(a["target"]["query"], variables, time_from=time_from))

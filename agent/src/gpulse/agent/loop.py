@@ -84,7 +84,7 @@ def trim_heap() -> None:
 
     Request bodies (MBs while a backlog drains) are allocated and freed on the delivery and sink
     threads, whose glibc arenas otherwise keep the freed pages: the agent's RSS would creep up to
-    its highest backlog and stay there. Costs ~0.1 ms every 10 s."""
+    its highest backlog and stay there. One call per self-metrics interval."""
     if _malloc_trim is not None:
         _malloc_trim(0)
 

@@ -108,7 +108,7 @@ def build() -> Dashboard:
                 table=True,
             ),
             columns=(
-                Column("last report", TIME_AGO, source="Time"),
+                Column("last report", TIME_AGO),
                 Column(RECENT, COUNT, none_is_bad(), cell="color-background"),
                 Column("uptime", SECONDS),
                 Column("GPUs", COUNT),

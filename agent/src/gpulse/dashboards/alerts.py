@@ -11,7 +11,7 @@ Delivery. Without a contact point and a notification policy Grafana sends everyt
 default email contact point, which has no SMTP server here. So two contact points are provisioned:
 
 * ``gpulse-local``: a webhook to the stack's own ``alert-log`` service
-  (:mod:`gpulse.dashboards.alert_receiver`), which works out of the box on a workstation and
+  (:mod:`gpulse.services.alert_receiver`), which works out of the box on a workstation and
   prints each alert with its summary (``docker compose logs alert-log``) and appends it to a file;
 * ``gpulse-team``: a Slack or generic webhook whose kind comes from ``.env``
   (``GPULSE_ALERT_KIND``) and whose URL Grafana reads from a secret file
@@ -70,7 +70,7 @@ class AlertQuery:
 
 
 @dataclass(frozen=True)
-class Rule:
+class AlertRule:
     """One alert rule, the panel that shows its data, and its runbook (markdown)."""
 
     uid: str
@@ -125,9 +125,9 @@ def _threshold(ref_id: str, source: str, op: str, limit: float) -> Json:
     )
 
 
-def _above(uid: str, title: str, sql: str, window_s: int, value_ref: str, limit: float, **kw: Any) -> Rule:
+def _above(uid: str, title: str, sql: str, window_s: int, value_ref: str, limit: float, **kw: Any) -> AlertRule:
     """A rule on one query: its last value per series (``value_ref``) above ``limit``."""
-    return Rule(
+    return AlertRule(
         uid,
         title,
         (AlertQuery("A", sql, window_s),),
@@ -136,11 +136,11 @@ def _above(uid: str, title: str, sql: str, window_s: int, value_ref: str, limit:
     )
 
 
-def _catalogue() -> list[Rule]:
+def _catalogue() -> list[AlertRule]:
     nd, ah = node.build(), agent_health.build()
     by_gpu = 'WHERE $timeFilter GROUP BY "host", "gpu"'
     return [
-        Rule(
+        AlertRule(
             "gpulse-gpu-idle-memory",
             "GPU memory held while idle",
             (
@@ -254,7 +254,7 @@ def _catalogue() -> list[Rule]:
             "3. Reset the GPU (`nvidia-smi -r`) or reboot; if errors come back, or a row remap failed, "
             "the GPU needs replacing.",
         ),
-        Rule(
+        AlertRule(
             "gpulse-agent-silent",
             "gpulse agent silent",
             (
@@ -280,7 +280,7 @@ def _catalogue() -> list[Rule]:
             "3. If it runs but cannot write, it spools to disk and replays once InfluxDB answers again: check "
             "the network and the token (`gpulse doctor`).",
         ),
-        Rule(
+        AlertRule(
             "gpulse-agent-spool-growing",
             "gpulse agent spool growing",
             (
@@ -315,11 +315,11 @@ def _catalogue() -> list[Rule]:
     ]
 
 
-def catalogue() -> list[Rule]:
+def catalogue() -> list[AlertRule]:
     return _catalogue()
 
 
-def runbook_dashboard(rules: list[Rule] | None = None) -> Dashboard:
+def runbook_dashboard(rules: list[AlertRule] | None = None) -> Dashboard:
     """One text panel per rule; each rule's ``runbook_url`` opens its panel."""
     d = Dashboard(
         RUNBOOK_UID,
@@ -340,11 +340,11 @@ def runbook_dashboard(rules: list[Rule] | None = None) -> Dashboard:
     return d
 
 
-def runbook_url(rule: Rule) -> str:
+def runbook_url(rule: AlertRule) -> str:
     return panel_url(RUNBOOK_UID, runbook_dashboard().panel_id(rule.title))
 
 
-def render(rule: Rule) -> Json:
+def render(rule: AlertRule) -> Json:
     return {
         "uid": rule.uid,
         "title": rule.title,

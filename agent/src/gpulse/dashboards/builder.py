@@ -22,7 +22,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpulse.dashboards.units import Json, Thresholds, Unit
+from gpulse.dashboards.units import Json, ThresholdSteps, Unit
 
 #: The provisioned InfluxQL datasource (grafana/provisioning/datasources/influxdb.yaml).
 DATASOURCE_UID = "gpulse-influxql"
@@ -36,22 +36,13 @@ KEEP_TIME = "${__url_time_range}"
 
 @dataclass(frozen=True)
 class Column:
-    """A numeric column of a table (its name after the panel's transformations) and its unit.
-
-    ``source`` names the query column it is computed from (the ``AS`` alias in the SQL), so the
-    tests can hold the unit to the schema field behind it; it defaults to ``name``.
-    """
+    """A numeric column of a table (its name after the panel's transformations) and its unit."""
 
     name: str
     unit: Unit
-    thresholds: Thresholds | None = None
-    source: str = ""
+    thresholds: ThresholdSteps | None = None
     #: Table cell display: "color-text" or "color-background" when ``thresholds`` colour it.
     cell: str = "color-text"
-
-    @property
-    def from_query(self) -> str:
-        return self.source or self.name
 
 
 @dataclass(frozen=True)
@@ -124,7 +115,7 @@ class Panel:
     height: int = 8
     min: float | None = None
     max: float | None = None
-    thresholds: Thresholds | None = None
+    thresholds: ThresholdSteps | None = None
     interval: str | None = None
     stacked: bool = False
     bars: bool = False

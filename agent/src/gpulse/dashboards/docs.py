@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from gpulse.dashboards import agent_health, alerts, history
-from gpulse.dashboards.alerts import Rule
+from gpulse.dashboards.alerts import AlertRule
 from gpulse.dashboards.builder import Dashboard, Panel
 from gpulse.dashboards.influxql import references
 
@@ -30,7 +30,7 @@ def anchor(title: str) -> str:
     return re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-")
 
 
-def _runbook(r: Rule) -> list[str]:
+def _runbook(r: AlertRule) -> list[str]:
     return [
         f"### Runbook: {r.title}",
         "",
@@ -41,7 +41,7 @@ def _runbook(r: Rule) -> list[str]:
     ]
 
 
-def render_markdown(dashboards: list[Dashboard], rules: list[Rule]) -> str:
+def render_markdown(dashboards: list[Dashboard], rules: list[AlertRule]) -> str:
     out = [
         "# gpulse dashboards and alerts",
         "",

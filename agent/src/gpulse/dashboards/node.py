@@ -546,12 +546,12 @@ def build() -> Dashboard:
                 table=True,
             ),
             columns=(
-                Column("PID", ID, source="pid"),
-                Column("GPU memory", BYTES, source="mem_used_bytes"),
-                Column("peak GPU memory", BYTES, source="mem_used_bytes"),
-                Column("SM %", PERCENT, rising(50, 90), source="sm_util_pct"),
-                Column("memory-controller %", PERCENT, source="mem_util_pct"),
-                Column("last seen", TIME_AGO, source="Time"),
+                Column("PID", ID),
+                Column("GPU memory", BYTES),
+                Column("peak GPU memory", BYTES),
+                Column("SM %", PERCENT, rising(50, 90)),
+                Column("memory-controller %", PERCENT),
+                Column("last seen", TIME_AGO),
             ),
             transformations=[
                 {

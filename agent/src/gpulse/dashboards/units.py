@@ -81,7 +81,7 @@ GREEN, YELLOW, ORANGE, RED, BLUE, TEXT = "green", "yellow", "orange", "red", "bl
 
 
 @dataclass(frozen=True)
-class Thresholds:
+class ThresholdSteps:
     """Absolute threshold steps: ``base`` below the first step, then each (value, colour) upwards.
 
     ``style`` is how a time series draws them (Grafana's ``thresholdsStyle.mode``): ``off``,
@@ -99,24 +99,24 @@ class Thresholds:
         }
 
 
-def rising(warn: float, bad: float, *, style: str = "dashed") -> Thresholds:
+def rising(warn: float, bad: float, *, style: str = "dashed") -> ThresholdSteps:
     """Higher is worse: green, yellow from ``warn``, red from ``bad``."""
-    return Thresholds(GREEN, ((warn, YELLOW), (bad, RED)), style)
+    return ThresholdSteps(GREEN, ((warn, YELLOW), (bad, RED)), style)
 
 
-def falling(bad: float, warn: float, *, style: str = "dashed") -> Thresholds:
+def falling(bad: float, warn: float, *, style: str = "dashed") -> ThresholdSteps:
     """Lower is worse: red below ``bad``, yellow below ``warn``, green above."""
-    return Thresholds(RED, ((bad, YELLOW), (warn, GREEN)), style)
+    return ThresholdSteps(RED, ((bad, YELLOW), (warn, GREEN)), style)
 
 
-def any_is_bad(*, style: str = "off") -> Thresholds:
+def any_is_bad(*, style: str = "off") -> ThresholdSteps:
     """A count where anything above zero deserves a look (uncorrected ECC errors, XIDs, lost GPUs)."""
-    return Thresholds(GREEN, ((1, RED),), style)
+    return ThresholdSteps(GREEN, ((1, RED),), style)
 
 
-def none_is_bad() -> Thresholds:
+def none_is_bad() -> ThresholdSteps:
     """A count where zero is the alarm (reports from an agent in the last minutes)."""
-    return Thresholds(RED, ((1, GREEN),), "off")
+    return ThresholdSteps(RED, ((1, GREEN),), "off")
 
 
 #: GPU die temperature: most data-centre GPUs slow down in the high 80s (Telegraf's board uses 65/85).

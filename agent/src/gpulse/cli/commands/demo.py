@@ -5,7 +5,7 @@ links and the run's diagnosis.
 
 Without a database (``--record FILE`` and no ``--url``) the same points go to the file, and the
 report and its HTML page are built from it: the whole demo, locally. The scenario is in
-:mod:`gpulse.cli.demo`; the points travel through the agent's own sinks and retry policy.
+:mod:`gpulse.sources.scenario`; the points travel through the agent's own sinks and retry policy.
 """
 
 from __future__ import annotations
@@ -81,10 +81,10 @@ def _hhmm(ts_ns: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from gpulse.cli import demo
     from gpulse.delivery.oneshot import deliver_batches
     from gpulse.lineprotocol.encode import Encoder
     from gpulse.sinks.factory import build_sinks
+    from gpulse.sources import scenario
 
     if args.gpus < 2 or args.hours <= 0 or args.interval <= 0:
         raise ConfigError("--gpus must be at least 2, --hours and --interval positive")
@@ -96,25 +96,25 @@ def run(args: argparse.Namespace) -> int:
             return 1
     t_start = time.monotonic()
     end = time.time_ns() // 10**9 * 10**9
-    tl = demo.Timeline.build(end, hours=args.hours, gpus=args.gpus)
-    run_id = demo.run_id_for(end)
+    tl = scenario.Timeline.build(end, hours=args.hours, gpus=args.gpus)
+    run_id = scenario.run_id_for(end)
     enc = Encoder()
-    gpu, uuids = demo.gpu_lines(tl, run_id, seed=args.seed, interval_s=args.interval, encoder=enc)
-    train = demo.training_lines(tl, run_id, uuids, seed=args.seed, encoder=enc)
-    agent = demo.agent_lines(tl, len(gpu), len(train.lines), gpus=args.gpus, seed=args.seed, encoder=enc)
+    gpu, uuids = scenario.gpu_lines(tl, run_id, seed=args.seed, interval_s=args.interval, encoder=enc)
+    train = scenario.training_lines(tl, run_id, uuids, seed=args.seed, encoder=enc)
+    agent = scenario.agent_lines(tl, len(gpu), len(train.lines), gpus=args.gpus, seed=args.seed, encoder=enc)
     lines = gpu + train.lines + agent
     counts = Counter(line.split(",", 1)[0] for line in lines)
 
     where = conn.describe() if conn.url else args.record
     print(
-        f"gpulse demo: a simulated {args.gpus}-GPU node ({demo.DEMO_HOST}) and training run {run_id}, last {args.hours:g} h -> {where}"
+        f"gpulse demo: a simulated {args.gpus}-GPU node ({scenario.DEMO_HOST}) and training run {run_id}, last {args.hours:g} h -> {where}"
     )
     print(f"  {_hhmm(tl.run_start_ns)}-{_hhmm(tl.run_end_ns)}  run {run_id}: {train.ranks} ranks, {train.steps} steps")
     for e in tl.episodes:
         print(f"  {_hhmm(e.start_ns)}-{_hhmm(min(e.end_ns, tl.run_end_ns))}  {e.what}")
     for ts in tl.checkpoints_ns:
         print(f"  {_hhmm(ts)}        checkpoint")
-    print(f"  {_hhmm(tl.xid_ns)}        XID {demo.XID[0]} on GPU {tl.xid_gpu}")
+    print(f"  {_hhmm(tl.xid_ns)}        XID {scenario.XID[0]} on GPU {tl.xid_gpu}")
 
     for sink in build_sinks(conn if conn.url else None, args.record):
         try:

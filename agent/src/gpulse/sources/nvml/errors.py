@@ -58,7 +58,7 @@ UNSUPPORTED = frozenset(
 )
 
 
-class Status(enum.Enum):
+class ReadOutcome(enum.Enum):
     """What one read of a GPU means for the rest of the cycle."""
 
     OK = "ok"  # go on (failed metrics were counted)
@@ -89,9 +89,9 @@ def kind_of(code: int) -> str:
     return KIND_BY_CODE.get(code, "other")
 
 
-def status_of(code: int) -> Status:
+def outcome_of(code: int) -> ReadOutcome:
     if code in LOST:
-        return Status.GPU_LOST
+        return ReadOutcome.GPU_LOST
     if code in DRIVER_GONE:
-        return Status.DRIVER_GONE
-    return Status.OK
+        return ReadOutcome.DRIVER_GONE
+    return ReadOutcome.OK

@@ -6,7 +6,7 @@ each entry carries its own ``nvmlReturn`` and a ``timestamp`` (µs). So every fi
 of a cycle goes into one array: the per-cycle values, the ~10 s and ~60 s tiers when they are
 due, the PCIe byte counters, and NVLink per link (throughput 138/139 and state 165, the link in
 ``scopeId``) plus the all-links totals (``scopeId = UINT_MAX``: "aggregate value summed up across
-all links"). A :class:`Batch` is laid out once per tier combination at probe time; the hot path
+all links"). A :class:`FieldBatch` is laid out once per tier combination at probe time; the hot path
 decodes the whole answer in one ``struct`` pass.
 
 Field ids are the long-stable ones (newer ``CLOCKS_EVENT_REASON_*`` ids were renumbered between
@@ -64,7 +64,7 @@ RATE_READS: tuple[tuple[int, str], ...] = (
 
 
 @dataclass
-class Batch:
+class FieldBatch:
     """The layout of one field-values request: values, then rates, then links, then link totals."""
 
     fids: list[tuple[int, int]] = field(default_factory=list)
@@ -80,7 +80,7 @@ class Batch:
         rates: list[tuple[int, str]],
         links: list[int],
         link_totals: bool,
-    ) -> Batch:
+    ) -> FieldBatch:
         b = cls(links=list(links), link_totals=link_totals)
         b.fids = [(fid, scope) for fid, scope, _, _ in values] + [(fid, 0) for fid, _ in rates]
         b.values = [(name, scale) for _, _, name, scale in values]
@@ -96,8 +96,8 @@ def field_value(fv: Any) -> Any:
 
 
 # c_nvmlFieldValue_t: fieldId u32, scopeId u32, timestamp i64, latencyUsec i64, valueType u32,
-# nvmlReturn u32, value (8-byte union). pynvml's structures override __getattribute__ (≈0.2 µs per
-# attribute), so the hot path decodes the whole array in one struct pass instead.
+# nvmlReturn u32, value (8-byte union). pynvml's structures override __getattribute__ (a Python call
+# per attribute read), so the hot path decodes the whole array in one struct pass instead.
 _FV = struct.Struct("<IIqqIIQ")
 
 

@@ -127,7 +127,7 @@ def probe_migs(
                 plan.gpm = nvml_gpm.GpmSampler(nv, handle, nvml_gpm.mig_sample_get(nv, parent, gi), clock_ns=gpm_clock)
                 plan.supported.update(nvml_gpm.FIELDS)
             except E.nvml_errors(nv) as e:
-                if E.status_of(E.code_of(e)) is not E.Status.OK:
+                if E.outcome_of(E.code_of(e)) is not E.ReadOutcome.OK:
                     raise
         for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
             f = getattr(nv, fn_name, None)

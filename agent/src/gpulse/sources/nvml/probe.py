@@ -1,7 +1,7 @@
 """Probe every metric on a GPU once and compile what works into a per-GPU sampling plan.
 
 The plan is the capability table made executable: per tier combination one field-values
-:class:`~gpulse.sources.nvml.fields.Batch`, and per tier (every cycle, ~10 s, ~60 s) a list of
+:class:`~gpulse.sources.nvml.fields.FieldBatch`, and per tier (every cycle, ~10 s, ~60 s) a list of
 small collectors ``(label, fn(handle, out))`` bound to the pynvml functions that answered. The hot
 path then loops over these and never probes, so an unsupported metric costs nothing and is absent
 from the line, never 0.
@@ -38,7 +38,7 @@ from gpulse.sources.nvml.fields import (
     TIERS,
     UINT_MAX,
     VALUE_READS,
-    Batch,
+    FieldBatch,
     field_results,
 )
 
@@ -290,7 +290,7 @@ class GpuPlan:
     links: list[int] = field(default_factory=list)
     link_totals: bool = False
     #: (medium due, slow due) -> the field-values request of such a cycle
-    batches: dict[tuple[bool, bool], Batch] = field(default_factory=dict)
+    batches: dict[tuple[bool, bool], FieldBatch] = field(default_factory=dict)
     #: previous (counter, timestamp µs) of each rate field
     rate_prev: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: read by the window reader (20 ms wait per call), not by the cycle
@@ -318,7 +318,7 @@ class GpuPlan:
                 values = [v for t in TIERS if t == "fast" or (t == "medium" and medium) or (t == "slow" and slow)
                           for v in self.values.get(t, [])]  # fmt: skip
                 links = self.links if medium else []
-                self.batches[(medium, slow)] = Batch.build(values, self.rates, links, self.link_totals and medium)
+                self.batches[(medium, slow)] = FieldBatch.build(values, self.rates, links, self.link_totals and medium)
 
     def info_fields(self) -> dict[str, Any]:
         """The gpu_info point: static facts plus the current supported/unsupported lists."""
@@ -425,7 +425,7 @@ def probe_gpu(
             plan.gpm = nvml_gpm.GpmSampler(nv, h, clock_ns=gpm_clock)
             supported.update(nvml_gpm.FIELDS)
         except E.nvml_errors(nv) as e:
-            if E.status_of(E.code_of(e)) is not E.Status.OK:
+            if E.outcome_of(E.code_of(e)) is not E.ReadOutcome.OK:
                 raise
     _probe_processes(nv, plan)
     if plan.mig:

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 _rlog = CountedLog(log)
 
 NS = 1_000_000_000
-OK, GPU_LOST, DRIVER_GONE = E.Status.OK, E.Status.GPU_LOST, E.Status.DRIVER_GONE
+OK, GPU_LOST, DRIVER_GONE = E.ReadOutcome.OK, E.ReadOutcome.GPU_LOST, E.ReadOutcome.DRIVER_GONE
 #: Per-link sum and all-links total may differ by this fraction before it is reported.
 NVLINK_TOTAL_TOLERANCE = 0.001
 DRIVER_UPGRADED = (
@@ -206,7 +206,7 @@ class NvmlSource(GpuSource):
             self._enter_reinit(now_ns)
         return self._drain(out)
 
-    def _sample_gpu(self, plan: GpuPlan, now_ns: int, medium: bool, slow: bool, out: list[Reading]) -> E.Status:
+    def _sample_gpu(self, plan: GpuPlan, now_ns: int, medium: bool, slow: bool, out: list[Reading]) -> E.ReadOutcome:
         """One GPU's cycle: the ``gpu`` reading (and NVLink, MIG devices) appended to ``out``."""
         fields: dict[str, Any] = {}
         links: list[Reading] = []
@@ -231,7 +231,7 @@ class NvmlSource(GpuSource):
                 status = self._sample_mig(plan, m, now_ns, out)
         return status
 
-    def _sample_mig(self, plan: GpuPlan, m: MigPlan, now_ns: int, out: list[Reading]) -> E.Status:
+    def _sample_mig(self, plan: GpuPlan, m: MigPlan, now_ns: int, out: list[Reading]) -> E.ReadOutcome:
         fields: dict[str, Any] = {}
         status = OK
         if m.memory is not None:
@@ -259,7 +259,7 @@ class NvmlSource(GpuSource):
 
     def _read_fields(
         self, plan: GpuPlan, medium: bool, slow: bool, now_ns: int, out: dict[str, Any], links: list[Reading]
-    ) -> E.Status:
+    ) -> E.ReadOutcome:
         """The cycle's one field-values call: values, counter rates, NVLink per link and totals."""
         batch = plan.batches.get((medium, slow))
         if batch is None or not batch.fids:
@@ -308,7 +308,7 @@ class NvmlSource(GpuSource):
         now_ns: int,
         fields: dict[str, Any],
         out: list[Reading],
-    ) -> E.Status:
+    ) -> E.ReadOutcome:
         """Per-link counters and state from the batch; the GPU totals from the all-links scope,
         checked against the sum of the links (else the sum, when every link answered)."""
         tx_sum = rx_sum = 0
@@ -343,7 +343,9 @@ class NvmlSource(GpuSource):
             fields["nvlink_tx_kib"], fields["nvlink_rx_kib"] = tx_sum, rx_sum
         return OK
 
-    def _run_calls(self, plan: GpuPlan, calls: list[tuple[str, Any]], handle: Any, out: dict[str, Any]) -> E.Status:
+    def _run_calls(
+        self, plan: GpuPlan, calls: list[tuple[str, Any]], handle: Any, out: dict[str, Any]
+    ) -> E.ReadOutcome:
         for _label, fn in calls:
             try:
                 fn(handle, out)
@@ -353,7 +355,7 @@ class NvmlSource(GpuSource):
                     return status
         return OK
 
-    def _gpm(self, plan: GpuPlan, gpm: Any, out: dict[str, Any], now_ns: int, mig: MigPlan | None) -> E.Status:
+    def _gpm(self, plan: GpuPlan, gpm: Any, out: dict[str, Any], now_ns: int, mig: MigPlan | None) -> E.ReadOutcome:
         try:
             failed = gpm.sample(out)
         except Exception as e:
@@ -369,7 +371,7 @@ class NvmlSource(GpuSource):
             self._pending.append(Reading("gpu_info", plan.index, info, now_ns, mig.tags if mig else None))
         return OK
 
-    def _processes(self, plan: GpuPlan, now_ns: int, out: list[Reading]) -> E.Status:
+    def _processes(self, plan: GpuPlan, now_ns: int, out: list[Reading]) -> E.ReadOutcome:
         if self._procs is None:
             self._procs = ProcessSampler(self._nv, self._describer or ProcessDescriber(), self.process_ns // 1000)
         try:
@@ -386,14 +388,14 @@ class NvmlSource(GpuSource):
         with self._count_lock:
             self._counts[kind] += n
 
-    def _fail(self, plan: GpuPlan, exc: BaseException) -> E.Status:
+    def _fail(self, plan: GpuPlan, exc: BaseException) -> E.ReadOutcome:
         if not isinstance(exc, E.nvml_errors(self._nv)):
             log.debug("GPU %d: unexpected %r", plan.index, exc)
         return self._fail_code(plan, E.code_of(exc))
 
-    def _fail_code(self, plan: GpuPlan, code: int) -> E.Status:
+    def _fail_code(self, plan: GpuPlan, code: int) -> E.ReadOutcome:
         self._count(code)
-        status = E.status_of(code)
+        status = E.outcome_of(code)
         if status is GPU_LOST:
             self._mark_lost(plan)
         return status

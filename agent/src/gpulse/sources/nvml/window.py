@@ -81,9 +81,9 @@ class WindowReader:
                         gpus.remove((index, handle))
                         with self._lock:
                             self._unsupported.append(index)
-                    elif E.status_of(code) is E.Status.GPU_LOST:
+                    elif E.outcome_of(code) is E.ReadOutcome.GPU_LOST:
                         gpus.remove((index, handle))  # the cycle marks it lost and counts it, once
-                    elif E.status_of(code) is E.Status.OK:
+                    elif E.outcome_of(code) is E.ReadOutcome.OK:
                         self.count_error(code)  # a dead driver is the cycle's to count and handle
                     continue
                 with self._lock:

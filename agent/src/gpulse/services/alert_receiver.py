@@ -1,4 +1,4 @@
-"""``python -m gpulse.dashboards.alert_receiver``: the stack's own alert contact point (service ``alert-log``).
+"""``python -m gpulse.services.alert_receiver``: the stack's own alert contact point (service ``alert-log``).
 
 Grafana's provisioned contact point ``gpulse-local`` posts its webhook here, so an alert reaches
 somebody on a workstation with nothing to configure: each one is printed as one line (read them
@@ -145,7 +145,7 @@ def serve(bind: str, port: int, log: AlertLog) -> ThreadingHTTPServer:
 
 
 def main(argv: list[str] | None = None, *, started: Callable[[ThreadingHTTPServer], None] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpulse.dashboards.alert_receiver", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gpulse.services.alert_receiver", description=__doc__.split("\n")[0])
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9095, help="port (default 9095)")
     p.add_argument("--file", type=Path, help="also append each alert to this file as a JSON line")

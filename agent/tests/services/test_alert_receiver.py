@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpulse.dashboards import alert_receiver, alerts
+from gpulse.dashboards import alerts
+from gpulse.services import alert_receiver
 
 #: A notification as Grafana's webhook contact point posts it (grafana/alerting receivers/webhook:
 #: the Alertmanager-style body plus Grafana's title/state/message and per-alert URLs and values).

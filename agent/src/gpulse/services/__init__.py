@@ -1,0 +1,1 @@
+"""Long-running services of the stack that are neither the agent nor a dashboard (the alert receiver)."""
