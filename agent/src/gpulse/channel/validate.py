@@ -48,7 +48,7 @@ from gpulse.channel.protocol import (
     Unregister,
 )
 from gpulse.lineprotocol.encode import Series
-from gpulse.lineprotocol.parse import Point as LinePoint
+from gpulse.lineprotocol.parse import ParsedLine as LinePoint
 
 #: Measurements a training process may send over the channel.
 CHANNEL_MEASUREMENTS = ("train_step", "train_run", "train_event")
