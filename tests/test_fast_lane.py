@@ -1,0 +1,99 @@
+"""The fast lane (``make test-fast``): what stays out of it, read from what a test file uses, and a
+slow program started from it anyway fails the test instead of slowing the lane down unnoticed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from support.fixtures import REPO
+from support.lanes import slow_reason
+
+SLOW = {
+    "the browser": "from support.chromium import layout\n",
+    "the Grafana types harness (Node)": "from grafana_ts import tsc\n",
+    "the Flux parser (Node)": "def test_x():\n    from support import flux_parser\n",
+    "gloo ranks": "import torch.distributed as dist\n",
+    "torch processes": "import torch.multiprocessing as mp\n",
+    "the multi-rank scenarios": "from ranks_truth import run_torchrun\n",
+    "Lightning": "import pytorch_lightning as pl\n",
+    "a spawned training process": 'import subprocess, sys\nCODE = """\nimport torch\nprint(torch.ones(1))\n"""\n',
+    "Node by name": 'import subprocess\n\ndef test_x():\n    subprocess.run(["node", "-e", "1"])\n',
+    "a module-level mark": "import pytest\n\npytestmark = [pytest.mark.influxdb, pytest.mark.slow]\n",
+}
+FAST = {
+    "plain": "from gpulse.delivery.spool import Spool\n\ndef test_x():\n    assert Spool\n",
+    "torch in one process": "import torch\n\ndef test_x():\n    assert torch.ones(1).sum() == 1\n",
+    "a process name in a string": 'CMD = b"python\\0-m\\0torch.distributed.run\\0"  # what /proc shows\n',
+    "one test marked slow": "import pytest\n\n@pytest.mark.slow\ndef test_x():\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("source", SLOW.values(), ids=SLOW.keys())
+def test_a_file_that_uses_a_slow_thing_is_outside_the_fast_lane(tmp_path: Path, source: str) -> None:
+    (tmp_path / "test_it.py").write_text(source)
+    assert slow_reason(tmp_path / "test_it.py")
+
+
+@pytest.mark.parametrize("source", FAST.values(), ids=FAST.keys())
+def test_other_files_are_in_it(tmp_path: Path, source: str) -> None:
+    (tmp_path / "test_it.py").write_text(source)
+    assert slow_reason(tmp_path / "test_it.py") is None
+
+
+def test_make_test_fast_runs_pytest_in_the_fast_lane() -> None:
+    plan = subprocess.run(["make", "-n", "test-fast"], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    assert plan.stdout.splitlines()[-1].endswith("-m pytest --fast -q"), plan.stdout
+
+
+def pytest_in(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest on ``directory`` with the repository's conftest (its options, marks and lane) as a plugin."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-c", str(REPO / "pytest.ini"), "--rootdir", str(directory)]
+        + ["-p", "no:cacheprovider", "-q", *args, str(directory)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_slow_program_started_through_a_helper_fails_the_fast_lane_and_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "helper.py").write_text(
+        "import subprocess\n\ndef check_with_node():\n    subprocess.run(['node', '--version'])\n"
+    )
+    (tmp_path / "test_uses_helper.py").write_text(
+        textwrap.dedent(
+            """
+            from helper import check_with_node
+
+            def test_checks_with_node():
+                check_with_node()
+
+            def test_plain():
+                assert 1 + 1 == 2
+            """
+        )
+    )
+    fast = pytest_in(tmp_path, "--fast")
+    assert fast.returncode == 1, fast.stdout
+    assert "1 failed, 1 passed" in fast.stdout
+    assert "the fast lane (pytest --fast) started 'node': that test is slow" in fast.stdout
+    assert "pytestmark = pytest.mark.slow" in fast.stdout
+
+
+def test_the_fast_lane_leaves_slow_files_unimported_and_deselects_tests_marked_slow(tmp_path: Path) -> None:
+    (tmp_path / "test_browser.py").write_text("from support.chromium import layout\n\ndef test_page():\n    pass\n")
+    (tmp_path / "test_mixed.py").write_text(
+        "import pytest\n\n@pytest.mark.slow\ndef test_long():\n    pass\n\ndef test_short():\n    pass\n"
+    )
+    fast = pytest_in(tmp_path, "--fast", "--collect-only")
+    assert fast.returncode == 0, fast.stdout + fast.stderr
+    assert "test_mixed.py::test_short" in fast.stdout
+    assert "test_long" not in fast.stdout and "test_browser" not in fast.stdout
+    whole = pytest_in(tmp_path, "--collect-only", "-m", "slow")
+    assert "test_browser.py::test_page" in whole.stdout and "test_mixed.py::test_long" in whole.stdout
+    assert "test_short" not in whole.stdout
