@@ -14,7 +14,7 @@ pytest_plugins = ["support.fixtures"]
 # Property tests are deterministic in every run (the same generated examples, so CI cannot turn
 # red by luck), and have no per-example deadline (a shared 2-core machine is slow at times).
 from hypothesis import settings  # noqa: E402
-from support.lanes import SLOW_PROGRAMS, slow_reason  # noqa: E402
+from support.lanes import SLOW_PROGRAMS, lane  # noqa: E402
 
 settings.register_profile("gpulse", derandomize=True, deadline=None, print_blob=True)
 settings.load_profile("gpulse")
@@ -31,14 +31,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """In the fast lane a slow test file is not even imported (some frameworks take seconds to import)."""
     if config.getoption("fast") and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return True if slow_reason(collection_path) else None
+        return True if lane(collection_path).file else None
     return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test of a slow file is marked ``slow``; the fast lane deselects whatever is marked so."""
+    """Every test that uses something slow is marked ``slow``; the fast lane deselects whatever is marked so."""
     for item in items:
-        reason = slow_reason(item.path) if item.path.suffix == ".py" else None
+        function = getattr(item, "originalname", None)
+        reason = lane(item.path).reason(function) if function and item.path.suffix == ".py" else None
         if reason:
             item.add_marker(pytest.mark.slow(reason=reason))
     if config.getoption("fast"):

@@ -10,23 +10,29 @@ from pathlib import Path
 
 import pytest
 from support.fixtures import REPO
-from support.lanes import slow_reason
+from support.lanes import lane
 
+TORCH = "torch"  # samples name it through an f-string, so that this file's own literals hold no torch program
 SLOW = {
     "the browser": "from support.chromium import layout\n",
     "the Grafana types harness (Node)": "from grafana_ts import tsc\n",
-    "the Flux parser (Node)": "def test_x():\n    from support import flux_parser\n",
-    "gloo ranks": "import torch.distributed as dist\n",
-    "torch processes": "import torch.multiprocessing as mp\n",
+    "the Flux parser (Node)": "def parse(src):\n    from support import flux_parser\n",
+    "gloo ranks": f"import {TORCH}.distributed as dist\n",
+    "torch processes": f"import {TORCH}.multiprocessing as mp\n",
     "the multi-rank scenarios": "from ranks_truth import run_torchrun\n",
     "Lightning": "import pytorch_lightning as pl\n",
-    "a spawned training process": 'import subprocess, sys\nCODE = """\nimport torch\nprint(torch.ones(1))\n"""\n',
-    "Node by name": 'import subprocess\n\ndef test_x():\n    subprocess.run(["node", "-e", "1"])\n',
+    "a spawned training process": f'import subprocess, sys\nCODE = """\nimport {TORCH}\nprint(torch.ones(1))\n"""\n',
+    "a wheel build": 'def make():\n    return ["python", "-m", "pip", "wheel", "."]\n',
+    "a fresh clone": 'import pytest\n\n@pytest.fixture\ndef clone():\n    return ["git", "clone", "."]\n',
+    "the demo": 'from support.fixtures import gpulse_cmd\n\nCMD = gpulse_cmd("demo", "--hours", "1")\n',
+    "the real agent": "from agentproc import AgentProc\n",
+    "the InfluxDB 2 stand-in (Node)": "from support.fake_influx_v2_admin import FakeInfluxV2Admin\n",
+    "Node by name": 'import subprocess\n\ndef check():\n    subprocess.run(["node", "-e", "1"])\n',
     "a module-level mark": "import pytest\n\npytestmark = [pytest.mark.influxdb, pytest.mark.slow]\n",
 }
 FAST = {
     "plain": "from gpulse.delivery.spool import Spool\n\ndef test_x():\n    assert Spool\n",
-    "torch in one process": "import torch\n\ndef test_x():\n    assert torch.ones(1).sum() == 1\n",
+    "torch in one process": f"import {TORCH}\n\ndef test_x():\n    assert torch.ones(1).sum() == 1\n",
     "a process name in a string": 'CMD = b"python\\0-m\\0torch.distributed.run\\0"  # what /proc shows\n',
     "one test marked slow": "import pytest\n\n@pytest.mark.slow\ndef test_x():\n    pass\n",
 }
@@ -35,13 +41,28 @@ FAST = {
 @pytest.mark.parametrize("source", SLOW.values(), ids=SLOW.keys())
 def test_a_file_that_uses_a_slow_thing_is_outside_the_fast_lane(tmp_path: Path, source: str) -> None:
     (tmp_path / "test_it.py").write_text(source)
-    assert slow_reason(tmp_path / "test_it.py")
+    assert lane(tmp_path / "test_it.py").file
 
 
 @pytest.mark.parametrize("source", FAST.values(), ids=FAST.keys())
 def test_other_files_are_in_it(tmp_path: Path, source: str) -> None:
     (tmp_path / "test_it.py").write_text(source)
-    assert slow_reason(tmp_path / "test_it.py") is None
+    assert lane(tmp_path / "test_it.py").file is None and not lane(tmp_path / "test_it.py").tests
+
+
+def test_a_slow_thing_inside_one_test_puts_only_that_test_out(tmp_path: Path) -> None:
+    (tmp_path / "test_it.py").write_text(
+        "def test_short():\n    pass\n\n"
+        "def test_with_the_stand_in():\n    from support.fake_influx_v2_admin import FakeInfluxV2Admin\n\n"
+        "class TestBuild:\n    def test_wheel(self):\n        return ['pip', 'wheel', '.']\n"
+    )
+    found = lane(tmp_path / "test_it.py")
+    assert found.file is None
+    assert found.tests == {
+        "test_with_the_stand_in": "imports support.fake_influx_v2_admin",
+        "test_wheel": "builds a wheel",
+    }
+    assert found.reason("test_short") is None and found.reason("test_wheel") == "builds a wheel"
 
 
 def test_make_test_fast_runs_pytest_in_the_fast_lane() -> None:
@@ -88,12 +109,14 @@ def test_a_slow_program_started_through_a_helper_fails_the_fast_lane_and_says_wh
 def test_the_fast_lane_leaves_slow_files_unimported_and_deselects_tests_marked_slow(tmp_path: Path) -> None:
     (tmp_path / "test_browser.py").write_text("from support.chromium import layout\n\ndef test_page():\n    pass\n")
     (tmp_path / "test_mixed.py").write_text(
-        "import pytest\n\n@pytest.mark.slow\ndef test_long():\n    pass\n\ndef test_short():\n    pass\n"
+        "import pytest\n\n@pytest.mark.slow\ndef test_long():\n    pass\n\ndef test_short():\n    pass\n\n"
+        "def test_clone():\n    return ['git', 'clone', '.']\n"
     )
     fast = pytest_in(tmp_path, "--fast", "--collect-only")
     assert fast.returncode == 0, fast.stdout + fast.stderr
     assert "test_mixed.py::test_short" in fast.stdout
-    assert "test_long" not in fast.stdout and "test_browser" not in fast.stdout
+    assert "test_long" not in fast.stdout and "test_clone" not in fast.stdout and "test_browser" not in fast.stdout
     whole = pytest_in(tmp_path, "--collect-only", "-m", "slow")
     assert "test_browser.py::test_page" in whole.stdout and "test_mixed.py::test_long" in whole.stdout
+    assert "test_mixed.py::test_clone" in whole.stdout
     assert "test_short" not in whole.stdout
