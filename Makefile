@@ -10,7 +10,7 @@ help:
 	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
 	@echo "make test      install what the tests need (venv with CPU torch, influxd, chromium, node) and run them all"
 	@echo "make test-fast the unit and component tests only (no browser, Node, multi-process torch, wheel builds"
-	@echo "               or fresh clones; see agent/tests/support/lanes.py): about a minute, for while you work"
+	@echo "               or fresh clones; see agent/tests/support/lanes.py), for while you work"
 	@echo "make demo      fill the stack with a simulated 8-GPU node and training run (no Docker: a local demo)"
 	@echo "make down      stop the stack (data stays in the Docker volumes)"
 	@echo "make lint      ruff"
