@@ -4,11 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gpulse-installed
 
-.PHONY: help venv test lint format generate bench up down demo e2e gpu-check gpu-wheels clean backup-grafana
+.PHONY: help venv test test-fast lint format generate bench up down demo e2e gpu-check gpu-wheels clean backup-grafana
 
 help:
 	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
 	@echo "make test      install what the tests need (venv with CPU torch, influxd, chromium, node) and run them all"
+	@echo "make test-fast the unit and component tests only (no browser, Node, multi-process torch, wheel builds"
+	@echo "               or fresh clones; see agent/tests/support/lanes.py), for while you work"
 	@echo "make demo      fill the stack with a simulated 8-GPU node and training run (no Docker: a local demo)"
 	@echo "make down      stop the stack (data stays in the Docker volumes)"
 	@echo "make backup-grafana  copy the grafana-data volume to backups/ (before a Grafana major upgrade)"
@@ -42,6 +44,10 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest
+
+# The fast lane: no ruff, no tools to install (influxd is the only program it starts).
+test-fast: $(STAMP)
+	$(PY) -m pytest --fast -q
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

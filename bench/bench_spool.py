@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-#: name -> (module, class); the SQLite WAL prototype measured against it is in git history (see the spool's docstring)
+#: name -> (module, class); the SQLite WAL prototype measured against it: BENCHMARKS.md, "Spool: segments or SQLite"
 STRATEGIES = {"segments": ("gpulse.delivery.spool", "Spool")}
 REPEATS = 5
 LINE = (

@@ -12,6 +12,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the benchmarks: not for the fast lane
+
 KEYS = {
     "encoder_speedup",
     "cycle_wall_ms_per_gpu_1gpu",

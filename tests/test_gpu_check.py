@@ -28,6 +28,8 @@ _spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "
 gpu_check = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
 sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up
 _spec.loader.exec_module(gpu_check)  # type: ignore[union-attr]
+pytestmark = pytest.mark.slow  # the check script, the agent and torch in child processes: not for the fast lane
+
 MIB = 1 << 20
 
 

@@ -36,7 +36,7 @@ import pytest
 from support.fixtures import REPO, gpulse_cmd
 from support.influxd import InfluxDB1
 
-pytestmark = pytest.mark.influxdb
+pytestmark = [pytest.mark.influxdb, pytest.mark.slow]  # training snippets and agents: minutes, not for the fast lane
 
 README = REPO / "README.md"
 _FENCE = re.compile(r"^```(?P<lang>\w+)(?P<info>[^\n]*)\n(?P<body>.*?)^```\s*$", re.S | re.M)

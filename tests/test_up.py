@@ -26,6 +26,8 @@ from support.influxd import InfluxDB1
 
 from gpulse.lineprotocol.parse import read_lines
 
+pytestmark = pytest.mark.slow  # make up and make demo, end to end: not for the fast lane
+
 SECRETS = ("influxdb-admin-password", "influxdb-admin-token", "grafana-admin-password", "grafana-influx-token")
 NO_ENGINE = """#!/usr/bin/env bash
 echo "docker $*" >> "$DOCKER_LOG"

@@ -11,7 +11,7 @@ from support.waiting import eventually
 
 from gpulse.channel.recording import read_records
 from gpulse.channel.server import TrainingReceiver
-from gpulse.lineprotocol.parse import Point, parse_line
+from gpulse.lineprotocol.parse import ParsedLine, parse_line
 
 
 def compiled(module: str) -> ModuleType:
@@ -37,7 +37,7 @@ class Delivery:
     def durable_upto(self) -> int:
         return len(self.lines)
 
-    def points(self, measurement: str | None = None) -> list[Point]:
+    def points(self, measurement: str | None = None) -> list[ParsedLine]:
         pts = [parse_line(line) for line in list(self.lines)]
         return [p for p in pts if measurement is None or p.measurement == measurement]
 
@@ -50,18 +50,18 @@ class Agent:
         self.delivery = Delivery()
         self.receiver = TrainingReceiver(self.path, "testhost", self.delivery.submit).start()
 
-    def points(self, measurement: str | None = None) -> list[Point]:
+    def points(self, measurement: str | None = None) -> list[ParsedLine]:
         return self.delivery.points(measurement)
 
     def close(self) -> None:
         self.receiver.close()
 
 
-def recorded(path: Path, measurement: str | None = None) -> list[Point]:
+def recorded(path: Path, measurement: str | None = None) -> list[ParsedLine]:
     """Points of a recording file (every line must parse)."""
     out = []
     for lineno, _raw, p in read_records(path):
-        assert isinstance(p, Point), f"line {lineno}: {p}"
+        assert isinstance(p, ParsedLine), f"line {lineno}: {p}"
         if measurement is None or p.measurement == measurement:
             out.append(p)
     return out

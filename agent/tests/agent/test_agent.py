@@ -29,7 +29,7 @@ from gpulse.agent.loop import Agent
 from gpulse.channel import protocol
 from gpulse.cli.commands import agent as agent_cmd
 from gpulse.cli.commands.status import query_status
-from gpulse.lineprotocol.parse import Point, parse_line
+from gpulse.lineprotocol.parse import ParsedLine, parse_line
 from gpulse.schema import AGENT, NVML_ERROR_KINDS
 from gpulse.sources.simulated import SimulatedSource
 
@@ -43,7 +43,7 @@ def make_cfg(tmp_path: Path, *argv: str) -> AgentConfig:
     return load_config(parser.parse_args([*base, *argv]), {})
 
 
-def run_agent(cfg: AgentConfig, source: SimulatedSource | None = None) -> tuple[dict, list[Point]]:
+def run_agent(cfg: AgentConfig, source: SimulatedSource | None = None) -> tuple[dict, list[ParsedLine]]:
     out = io.StringIO()
     agent = Agent(cfg, source=source, stream=out, tty=False)
     assert agent.run() == 0
@@ -56,13 +56,13 @@ def final_summary(text: str) -> dict:
     return json.loads(lines[0])["final"]
 
 
-def read_record(cfg: AgentConfig) -> list[Point]:
+def read_record(cfg: AgentConfig) -> list[ParsedLine]:
     assert cfg.record
     return [parse_line(line) for line in Path(cfg.record).read_text().splitlines() if line]
 
 
-def by_measurement(points: list[Point]) -> dict[str, list[Point]]:
-    out: dict[str, list[Point]] = defaultdict(list)
+def by_measurement(points: list[ParsedLine]) -> dict[str, list[ParsedLine]]:
+    out: dict[str, list[ParsedLine]] = defaultdict(list)
     for p in points:
         out[p.measurement].append(p)
     return out

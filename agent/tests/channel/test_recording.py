@@ -20,7 +20,7 @@ from gpulse.channel import protocol
 from gpulse.channel.recording import POINT_MARK, ROWS_MARK, ROWS_PER_LINE, Recorder, count_records, read_records
 from gpulse.lineprotocol.encode import Encoder
 from gpulse.lineprotocol.parse import LineError, parse_line
-from gpulse.lineprotocol.parse import Point as LinePoint
+from gpulse.lineprotocol.parse import ParsedLine as LinePoint
 
 TAGS = {"run": "rec-1", "rank": "0", "local_rank": "0", "world_size": "1"}
 NAMES = (
@@ -179,7 +179,7 @@ FULL_DISK = """
 import json, os, sys
 sys.path[:0] = {path!r}
 from gpulse.channel.recording import PartialRecording, Recorder, read_records
-from gpulse.lineprotocol.parse import Point
+from gpulse.lineprotocol.parse import ParsedLine
 from support.tmpfs import fill
 from test_recording import steps
 disk = sys.argv[1]
@@ -193,8 +193,8 @@ except PartialRecording as e:
 read = list(read_records(record))
 said.update(
     ends_with_newline=open(record, "rb").read().endswith(b"\\n"),
-    bad=[str(p) for _, _, p in read if not isinstance(p, Point)],
-    steps=[p.fields["step"] for _, _, p in read if isinstance(p, Point)],
+    bad=[str(p) for _, _, p in read if not isinstance(p, ParsedLine)],
+    steps=[p.fields["step"] for _, _, p in read if isinstance(p, ParsedLine)],
 )
 print(json.dumps(said))
 """

@@ -28,6 +28,7 @@ from gpulse.delivery import spool as spool_mod
 from gpulse.delivery.oneshot import deliver_batches
 from gpulse.delivery.pipeline import Delivery
 from gpulse.delivery.retry import RetryPolicy
+from gpulse.delivery.spool import store as spool_store
 from gpulse.delivery.worker import Mode
 from gpulse.influx.connection import ConfigError, Connection
 from gpulse.sinks.factory import build_sinks
@@ -190,12 +191,12 @@ def test_a_full_disk_keeps_batches_in_memory_unacknowledged_until_the_spool_or_t
 ):
     port = free_port()
     d = Delivery([v2(f"http://127.0.0.1:{port}")], spool_dir=tmp_path / "spool", flush_interval=0.05, policy=FAST)
-    real = spool_mod.append_fsync
+    real = spool_store.append_fsync
 
     def enospc(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(spool_mod, "append_fsync", enospc)
+    monkeypatch.setattr(spool_store, "append_fsync", enospc)
     d.start()
     d.submit([lp(i) for i in range(100)])  # A: in flight, failing, cannot be spooled: kept in memory
     wait_for(lambda: d.workers[0].retries >= 3)
@@ -204,7 +205,7 @@ def test_a_full_disk_keeps_batches_in_memory_unacknowledged_until_the_spool_or_t
     time.sleep(0.2)  # several flush intervals: still nothing durable, nothing dropped
     s = d.stats()
     assert (d.durable_upto, s["lines_dropped"], s["lines_spooled"], s["buffer_lines"]) == (0, 0, 0, 200)
-    monkeypatch.setattr(spool_mod, "append_fsync", real)
+    monkeypatch.setattr(spool_store, "append_fsync", real)
     d.submit([lp(i) for i in range(200, 300)])  # C: the disk has room again: A (a copy), B, then C are spooled
     wait_for(lambda: d.durable_upto == 300)
     assert (d.stats()["lines_spooled"], d.stats()["lines_dropped"]) == (300, 0)
@@ -233,7 +234,7 @@ def test_lines_dropped_for_good_are_never_acknowledged(tmp_path, monkeypatch):
     def enospc(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(spool_mod, "append_fsync", enospc)
+    monkeypatch.setattr(spool_store, "append_fsync", enospc)
     d.start()
     for k in range(20):  # ~68 KB into a 20 KB memory cap, with a full disk and the database down
         d.submit([lp(100 * k + i) for i in range(100)])

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.stored_text import stored_key
 
-from gpulse.lineprotocol.encode import Encoder, normalize_tag_value
+from gpulse.lineprotocol.encode import Encoder
 from gpulse.lineprotocol.parse import LineError, parse_line, read_lines
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30)
-tag_values = text.filter(lambda s: normalize_tag_value(s) != "")
+tag_values = text.filter(lambda s: stored_key(s) != "")
 
 
 @settings(max_examples=300, deadline=None)
@@ -27,7 +28,7 @@ def test_every_encoded_train_step_parses_back_to_its_values(tags, loss, step, ts
     line = Encoder().encode("train_step", tags, {"step": step, "log_loss": loss}, ts)
     p = parse_line(line)
     assert p.measurement == "train_step"
-    assert p.tags == {k.replace("\n", " ").replace("\r", " "): normalize_tag_value(v) for k, v in tags.items()}
+    assert p.tags == {stored_key(k): stored_key(v) for k, v in tags.items()}
     assert p.fields == {"step": step, "log_loss": loss}
     assert p.ts == ts
 
@@ -76,6 +77,6 @@ def test_read_lines_numbers_every_line_skips_comments_and_reports_torn_or_undeco
     f = tmp_path / "rec.lp"
     f.write_bytes(b"# header\nm a=1i 1\n\nm a=\xff 2\nbroken\nm a=2i 3")
     got = [(n, type(r).__name__) for n, _raw, r in read_lines(f)]
-    assert got == [(2, "Point"), (4, "LineError"), (5, "LineError"), (6, "LineError")]
+    assert got == [(2, "ParsedLine"), (4, "LineError"), (5, "LineError"), (6, "LineError")]
     errors = {n: str(r) for n, _raw, r in read_lines(f) if isinstance(r, LineError)}
     assert "UTF-8" in errors[4] and "no newline" in errors[6]

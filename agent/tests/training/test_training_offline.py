@@ -60,14 +60,14 @@ for i in range(60):
     run.log(loss=1.0 / (i + 1))
 run.finish()
 from gpulse.channel.recording import read_records
-from gpulse.lineprotocol.parse import Point
+from gpulse.lineprotocol.parse import ParsedLine
 record = os.path.join(disk, "out", "gpulse-records.rec")
 read = list(read_records(record))
 print(json.dumps({
     "stats": run.stats(),
     "files": sorted(os.listdir(os.path.join(disk, "out"))),
     "ends_with_newline": open(record, "rb").read().endswith(b"\\n"),
-    "bad": [str(p) for _, _, p in read if not isinstance(p, Point)],
+    "bad": [str(p) for _, _, p in read if not isinstance(p, ParsedLine)],
     "lines": len(read),
 }))
 """

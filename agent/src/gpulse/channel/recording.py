@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
     from gpulse.lineprotocol.encode import Encoder
     from gpulse.lineprotocol.parse import LineError
-    from gpulse.lineprotocol.parse import Point as LinePoint
+    from gpulse.lineprotocol.parse import ParsedLine as LinePoint
 
 __all__ = [
     "MARK", "POINT_MARK", "PRIVATE_FILE_MODE", "RECORD_FILE", "ROWS_MARK", "PartialRecording", "Recorder", "count_records",

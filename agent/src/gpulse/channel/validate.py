@@ -52,7 +52,7 @@ from gpulse.channel.protocol import (
 )
 from gpulse.lineprotocol.encode import Series
 from gpulse.lineprotocol.limits import INT64_MAX, INT64_MIN
-from gpulse.lineprotocol.parse import Point as LinePoint
+from gpulse.lineprotocol.parse import ParsedLine as LinePoint
 
 #: Measurements a training process may send over the channel.
 CHANNEL_MEASUREMENTS = ("train_step", "train_run", "train_event")

@@ -81,21 +81,6 @@ def escape_string(s: str) -> str:
     return _clean(s).replace("\\", "\\\\").replace('"', '\\"')
 
 
-def normalize_tag_value(s: str) -> str:
-    """The value InfluxDB stores for tag value (or tag key, or field key) ``s`` once escaped by :func:`escape_key`."""
-    return _fix_backslashes(_clean(s), _KEY_SPECIALS)
-
-
-def normalize_measurement(s: str) -> str:
-    """The name InfluxDB stores for measurement ``s`` once escaped by :func:`escape_measurement`."""
-    return _fix_backslashes(_clean(s), _MEASUREMENT_SPECIALS)
-
-
-def normalize_string(s: str) -> str:
-    """The value InfluxDB stores for string field value ``s`` (only newlines and lone surrogates change)."""
-    return _clean(s)
-
-
 class Series:
     """A precomputed measurement + tag set; reuse it for every point of that series.
 

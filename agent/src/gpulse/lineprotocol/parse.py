@@ -32,7 +32,10 @@ class LineError(ValueError):
 
 
 @dataclass(frozen=True)
-class Point:
+class ParsedLine:
+    """One line of line protocol as read back (the channel's :class:`gpulse.channel.protocol.Point` is what a
+    training process sends; this is what a line says)."""
+
     measurement: str
     tags: dict[str, str]
     fields: dict[str, FieldValue]
@@ -100,7 +103,7 @@ def _scalar(raw: str, key: str) -> FieldValue:
     raise LineError(f"field {key!r}: invalid value {raw[:40]!r}")
 
 
-def parse_line(line: str) -> Point:
+def parse_line(line: str) -> ParsedLine:
     """Parse one line (a trailing newline is allowed); raise :class:`LineError` if it is invalid."""
     s = line[:-1] if line.endswith("\n") else line
     if s.endswith("\r"):
@@ -156,17 +159,17 @@ def parse_line(line: str) -> Point:
         ts = int(raw_ts)
         if not INT64_MIN <= ts <= INT64_MAX:
             raise LineError("timestamp out of range")
-    return Point(measurement, tags, fields, ts)
+    return ParsedLine(measurement, tags, fields, ts)
 
 
-#: Makes one line that is not line protocol into ``(raw line, Point or LineError)`` pairs.
-Expander = Callable[[str], Iterable[tuple[str, "Point | LineError"]]]
+#: Makes one line that is not line protocol into ``(raw line, ParsedLine or LineError)`` pairs.
+Expander = Callable[[str], Iterable[tuple[str, "ParsedLine | LineError"]]]
 
 
 def read_lines(
     path: str | Path, expand: tuple[str, Expander] | None = None
-) -> Iterator[tuple[int, str, Point | LineError]]:
-    """Every non-blank, non-comment line of a file as ``(line number, raw line, Point or LineError)``.
+) -> Iterator[tuple[int, str, ParsedLine | LineError]]:
+    """Every non-blank, non-comment line of a file as ``(line number, raw line, ParsedLine or LineError)``.
 
     Lines are decoded one by one, so a damaged line (bad UTF-8, a torn write) is reported alone and
     every other line is still read. With ``expand`` (a mark, a function), a whole line that starts
