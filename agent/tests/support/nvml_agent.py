@@ -11,7 +11,7 @@ import pytest
 from gpulse.agent.config import load_config
 from gpulse.agent.loop import Agent
 from gpulse.cli.commands import agent as agent_cmd
-from gpulse.lineprotocol.parse import Point, parse_line
+from gpulse.lineprotocol.parse import ParsedLine, parse_line
 from gpulse.sources.nvml.source import NvmlSource
 from gpulse.sources.processes import ProcessDescriber
 from support.fake_pynvml import FakeGpu, FakeNvml
@@ -19,7 +19,7 @@ from support.fake_pynvml import FakeGpu, FakeNvml
 
 def record_agent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], describer: ProcessDescriber
-) -> list[Point]:
+) -> list[ParsedLine]:
     """Every point the agent recorded in 1.6 s (0.25 s cycles, processes every 0.5 s) on ``gpus``."""
     fake = FakeNvml.install(monkeypatch, gpus=gpus)
     parser = argparse.ArgumentParser()
@@ -32,7 +32,7 @@ def record_agent(
     return [parse_line(line) for line in (tmp_path / "r.lp").read_text().splitlines()]
 
 
-def newest_tags(points: list[Point], measurement: str) -> dict[str, dict[str, str]]:
+def newest_tags(points: list[ParsedLine], measurement: str) -> dict[str, dict[str, str]]:
     """The tags of the newest point of ``measurement`` per GPU index."""
     out: dict[str, dict[str, str]] = {}
     for p in sorted((p for p in points if p.measurement == measurement), key=lambda p: p.ts):
