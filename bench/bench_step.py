@@ -146,7 +146,8 @@ class PythonFloor:
         return None
 
     def wrap_loader(self, loader: list[int]) -> Iterator[int]:
-        yield from loader
+        for batch in loader:  # noqa: UP028  (a Python frame per batch, as any wrapper that sees them has)
+            yield batch
 
     def step(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> PythonFloor:
         return self

@@ -24,7 +24,7 @@ from gpulse.training.errors import Guard
 from gpulse.training.mfu import Mfu
 from gpulse.training.points import PointMaker
 from gpulse.training.report import ReportBuffer
-from gpulse.training.step import StepRecord, StepRecorder
+from gpulse.training.step import QueuedStep, StepRecord, StepRecorder
 from gpulse.training.worker import Worker
 
 
@@ -172,6 +172,13 @@ def plain(i: int, phases: tuple[str, ...] = ("forward", "backward", "optimizer")
     return rec
 
 
+def as_queued(rec: StepRecord) -> QueuedStep:
+    """``rec`` as the training thread queues a step: its fields but the logs, and its logs."""
+    fields = (rec.step, rec.t0_ns, rec.t1_ns, rec.wait_ns, rec.samples, rec.tokens, rec.phases, rec.gpu_pairs,
+              rec.memory, rec.comm_ns, rec.inflight_ns)  # fmt: skip
+    return fields, rec.logs
+
+
 class _Client:
     """What the worker hands the client, in order: ("rows", first step, last step, names) or ("point", kind)."""
 
@@ -194,8 +201,9 @@ def worker_of(steps: StepRecorder) -> Worker:
 def test_the_worker_hands_steps_and_points_over_in_the_queue_s_order_a_shape_at_a_time() -> None:
     steps = StepRecorder(Guard())
     worker = worker_of(steps)
-    steps.queue.extend([plain(1), plain(2), plain(3), Point("train_event", 1, {}, {"kind": "a"}), plain(4),
-                        plain(5, ("forward",)), plain(6, ("forward",)), plain(7), plain(8)])  # fmt: skip
+    point = Point("train_event", 1, {}, {"kind": "a"})
+    steps.queue.extend([*map(as_queued, [plain(1), plain(2), plain(3)]), point,
+                        *map(as_queued, [plain(4), plain(5, ("forward",)), plain(6, ("forward",)), plain(7), plain(8)])])  # fmt: skip
     assert worker._drain(final=False) is False
     pm = worker.points
     long_, short = pm.step_row(plain(1), 0, None)[0].names, pm.step_row(plain(5, ("forward",)), 0, None)[0].names
@@ -210,7 +218,7 @@ def test_a_slice_is_at_most_slice_records(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(worker_module, "SLICE", 5)
     steps = StepRecorder(Guard())
     worker = worker_of(steps)
-    steps.queue.extend(plain(i) for i in range(1, 13))
+    steps.queue.extend(as_queued(plain(i)) for i in range(1, 13))
     assert worker._drain(final=False) is True and len(steps.queue) == 7
     assert worker._drain(final=False) is True and len(steps.queue) == 2
     assert worker._drain(final=False) is False and worker.steps_sent == 12

@@ -264,7 +264,7 @@ class Run:
             self._finished = True
         self._finish_ns = time.time_ns()  # the run's end; flushing what it sent is not part of it
         try:
-            self.steps.hand_over()
+            self.steps.prepare()  # queues the last step
             if not self._enabled:
                 return
             status = status or "finished"

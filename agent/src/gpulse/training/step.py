@@ -2,11 +2,14 @@
 
 Everything here runs inside the user's training loop, so it only takes ``perf_counter_ns``
 timestamps, records pooled CUDA events (:mod:`gpulse.training.cuda`) and reads allocator counters;
-it never waits for the GPU, never formats, never sends. A finished step becomes a
-:class:`StepRecord` that stays open for ``run.log()`` until the next step begins (or the run
-finishes) and is then appended to the queue the background worker (:mod:`gpulse.training.worker`)
-drains. The queue holds at most ``max_queue`` records: beyond that, steps are not kept and are
-counted (``not_kept``), which ``finish()`` reports.
+it never waits for the GPU, never formats, never sends. A finished step becomes a tuple of
+:class:`StepRecord`'s fields, in their order (a tuple is built without a Python call, where an
+object's ``__init__`` would be a good part of what a step costs here: ``bench/bench_step.py``); it
+stays open for ``run.log()`` until the next step begins (or the run finishes) and is then appended,
+with its logs, to the queue the background worker (:mod:`gpulse.training.worker`) drains, which
+makes it a :class:`StepRecord`.
+The queue holds at most ``max_queue`` records: beyond that, steps are not kept and are counted
+(``not_kept``), which ``finish()`` reports.
 
 These are slotted classes with hand-written ``__init__`` (not dataclasses: importing
 ``dataclasses`` would double the cost of ``import gpulse.training``).
@@ -33,11 +36,13 @@ GpuPair = tuple[str, Any, Any]
 
 
 class StepRecord:
-    """One finished step as the training thread hands it to the worker (times in ``perf_counter_ns``).
+    """One finished step as the worker reads it (times in ``perf_counter_ns``), made by
+    :meth:`queued` from what the training thread queued.
 
     ``phases`` is flat, ``(name, ns, name, ns, ...)``, a pair per time a phase ran (a phase entered
-    twice appears twice; the worker adds them up): one tuple, made once at the step's end.
-    ``logs`` is what ``run.log()`` gave for this step, attached at hand-over."""
+    twice appears twice; the worker adds them up); ``gpu_pairs`` ... ``inflight_ns`` are what
+    integrations and CUDA add, ``None`` in a plain step; ``logs`` is what ``run.log()`` gave for
+    this step, ``None`` if nothing."""
 
     __slots__ = ("comm_ns", "gpu_pairs", "inflight_ns", "logs", "memory", "phases", "samples", "step", "t0_ns", "t1_ns", "tokens", "wait_ns")  # fmt: skip
 
@@ -54,6 +59,7 @@ class StepRecord:
         memory: tuple[int, int, int, int] | None = None,
         comm_ns: int | None = None,
         inflight_ns: int | None = None,
+        logs: dict[str, Any] | None = None,
     ) -> None:
         self.step = step
         self.t0_ns = t0_ns
@@ -66,40 +72,47 @@ class StepRecord:
         self.memory = memory
         self.comm_ns = comm_ns
         self.inflight_ns = inflight_ns
-        self.logs: dict[str, Any] | None = None
+        self.logs = logs
+
+    @classmethod
+    def queued(cls, item: QueuedStep) -> StepRecord:
+        """The record of a step as :meth:`StepRecorder.prepare` queued it."""
+        fields, logs = item
+        return cls(*fields, logs)
 
 
+#: A finished step on the training thread: :class:`StepRecord`'s fields but ``logs``, in its order.
+StepFields = tuple[Any, ...]
+#: A step in the queue: its fields and its logs (``None`` if nothing was logged).
+QueuedStep = tuple[StepFields, dict[str, Any] | None]
 #: What the worker's queue carries: steps, and points made elsewhere (run start, events).
-QueueItem = StepRecord | Point
+QueueItem = QueuedStep | Point
 
 
 class Phase:
     """A reusable context manager for one phase name (no allocation per use but the time entry).
 
-    Two timestamps per use, nothing else checked; the time goes to ``times``, the step recorder's
-    ``phase_times`` (the same list for the recorder's life). This class times on the CPU only. Once
+    Two timestamps per use; the time goes to the step recorder's ``phase_times`` if a step is open
+    when the phase ends. This class times on the CPU only. Once
     the run uses CUDA, every phase becomes a :class:`GpuPhase` (``StepRecorder._use_cuda`` swaps the
     class), which also records events; so a run on the CPU never pays for looking for them."""
 
-    __slots__ = ("ev0", "name", "steps", "t0", "times")
+    __slots__ = ("ev0", "name", "steps", "t0")
 
     def __init__(self, steps: StepRecorder, name: str) -> None:
         self.steps = steps
         self.name = name
-        self.times = steps.phase_times
         self.t0 = 0
         self.ev0: Any = None
 
     def __enter__(self) -> Phase:
-        if self.steps.in_step:
-            self.t0 = perf_counter_ns()
+        self.t0 = perf_counter_ns()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        t0 = self.t0
-        if t0:
-            self.times.extend((self.name, perf_counter_ns() - t0))
-            self.t0 = 0
+        steps = self.steps
+        if steps.in_step:
+            steps.phase_times += (self.name, perf_counter_ns() - self.t0)
 
 
 class GpuPhase(Phase):
@@ -109,21 +122,16 @@ class GpuPhase(Phase):
 
     def __enter__(self) -> Phase:
         steps = self.steps
-        if steps.in_step:
-            if steps.timer is not None:
-                self.ev0 = steps.record_event()
-            self.t0 = perf_counter_ns()
+        if steps.in_step and steps.timer is not None:
+            self.ev0 = steps.record_event()
+        self.t0 = perf_counter_ns()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        t0 = self.t0
-        if t0:
-            steps = self.steps
-            self.times.extend((self.name, perf_counter_ns() - t0))
-            self.t0 = 0
-            if self.ev0 is not None:
-                start, self.ev0 = self.ev0, None
-                steps.end_gpu_phase(self.name, start)
+        super().__exit__(et, ev, tb)
+        if self.ev0 is not None:  # kept as the step's GPU time, or given back to the pool
+            start, self.ev0 = self.ev0, None
+            self.steps.end_gpu_phase(self.name, start)
 
 
 def timed_iter(steps: StepRecorder, loader: Iterable[Any]) -> Iterator[Any]:
@@ -172,7 +180,7 @@ class StepRecorder:
 
     It is also the context manager ``run.step()`` returns: ``prepare`` is ``run.step(...)``, ``log``
     is ``run.log(...)``, ``__enter__`` and ``__exit__`` begin and end a step. What only integrations
-    and CUDA runs need (the ``_enter_extras`` ... ``_add_extras`` hooks) runs only once ``extras``
+    and CUDA runs need (``_closing``, ``_extras``) runs only once ``extras``
     is set, so that a plain step checks one flag for all of it. ``begin()`` / ``end()`` do what
     ``with`` does, for integrations that cannot use it. Never raises into the loop: what fails is
     counted by ``guard`` and switched off."""
@@ -181,15 +189,15 @@ class StepRecorder:
         self.guard = guard
         self.queue: deque[QueueItem] = deque()
         #: the finished step, open for ``run.log()`` until the next step begins (or the run finishes)
-        self.last: StepRecord | None = None
+        self.last: StepFields | None = None
         #: what ``run.log()`` gave since the last hand-over (the first call's own dict)
         self.logs: dict[str, Any] = {}
         #: the counts of the step being run, as ``run.step()`` or ``end()`` gave them
         self.step_samples: int | None = None
         self.step_tokens: int | None = None
         self.step_number: int | None = None
-        #: this step's phases so far, flat (:class:`StepRecord`), kept and emptied at each step's end
-        self.phase_times: list[str | int] = []
+        #: this step's phases so far, flat (:class:`StepRecord`), taken by the step's record at its end
+        self.phase_times: tuple[str | int, ...] = ()
         self.t0 = 0
         self.step_no = 0
         self.wait_ns = 0
@@ -226,10 +234,26 @@ class StepRecorder:
     def memory(self, probe: Any) -> None:
         self._memory = probe
         if probe is not None:
-            self.extras = True  # read by _add_extras, which plain steps skip
+            self.extras = True  # read by _extras, which plain steps skip
 
     # -- the hot path: run.step(), with, run.log() -------------------------------------------------
     def prepare(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> StepRecorder:
+        """``run.step(...)``: queue the finished step with its logs (``run.log()`` now writes for the
+        next one) and keep the counts the next step ends with. ``finish()`` calls it with none."""
+        rec = self.last
+        if rec is not None:
+            self.last = None
+            logs: dict[str, Any] | None = self.logs
+            if logs:
+                self.logs = {}
+                if self.timer is not None:
+                    self.cuda.copy_logs(logs)  # start copying its CUDA scalars
+            else:
+                logs = None
+            if len(self.queue) < self.max_queue:
+                self.queue.append((rec, logs))
+            else:
+                self._not_kept()
         self.step_samples = samples
         self.step_tokens = tokens
         self.step_number = step
@@ -242,8 +266,6 @@ class StepRecorder:
             self.logs = scalars
 
     def __enter__(self) -> StepRecorder:
-        if self.last is not None:
-            self.hand_over()
         if self.step_no >= self._next_cuda_check:
             self.check_cuda()
         if self.extras and self.timer is not None:
@@ -271,43 +293,31 @@ class StepRecorder:
             self.step_no = step = self.step_no + 1
         else:  # the record keeps what it was given (the worker checks it); step_no follows an int64
             self.step_no = step if isinstance(step, int) and INT64_MIN <= step <= INT64_MAX else self.step_no + 1
-        times = self.phase_times
-        phases = tuple(times)
-        times.clear()
+        phases = self.phase_times
+        self.phase_times = ()
         wait = None
         if self.wait_known:
             wait = self.wait_ns
             self.wait_ns = 0
-        self.last = rec = StepRecord(step, self.t0, t1, wait, self.step_samples, self.step_tokens, phases)
         if self.extras:
-            self._add_extras(rec)
+            self.last = (step, self.t0, t1, wait, self.step_samples, self.step_tokens, phases, *self._extras())
+        else:  # StepRecord's fields in its order
+            self.last = (step, self.t0, t1, wait, self.step_samples, self.step_tokens, phases, None, None, None, None)
 
-    def hand_over(self) -> None:
-        """Queue the finished step with its logs (at the next step's start, or at finish)."""
-        rec = self.last
-        if rec is None:
-            return
-        self.last = None
-        logs = self.logs
-        if logs:
-            rec.logs = logs
-            self.logs = {}
-            if self.timer is not None:
-                self.cuda.copy_logs(logs)  # start copying its CUDA scalars
-        if len(self.queue) >= self.max_queue:
-            self.not_kept += 1
-            if self.not_kept == 1:
-                # logged once, counted here: the Guard's lock, taken per step, would make the
-                # training thread wait for the worker whenever the worker holds it
-                self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; steps not kept")
-            return
-        self.queue.append(rec)
+    def _not_kept(self) -> None:
+        """A step the queue could not take (the worker is more than ``max_queue`` behind)."""
+        self.not_kept += 1
+        if self.not_kept == 1:
+            # logged once, counted here: the Guard's lock, taken per step, would make the training
+            # thread wait for the worker whenever the worker holds it
+            self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; steps not kept")
 
     # -- steps for integrations that cannot use ``with`` -------------------------------------------
     def begin(self, idle_since_ns: int = 0) -> None:
         """Start a step; ``idle_since_ns`` (``perf_counter_ns``) starts the data wait before it."""
         if idle_since_ns:
             self.add_data_wait(perf_counter_ns() - idle_since_ns)
+        self.prepare()
         self.__enter__()
 
     def end(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> None:
@@ -326,22 +336,24 @@ class StepRecorder:
             except Exception as exc:
                 self.guard.report("step_end_hook", exc)
 
-    def _add_extras(self, rec: StepRecord) -> None:
-        """What integrations add to a step's record: communication, memory, GPU phase events."""
+    def _extras(self) -> tuple[list[GpuPair] | None, tuple[int, int, int, int] | None, int | None, int | None]:
+        """What integrations add to a step's record: GPU phase events, memory, communication."""
+        comm = inflight = memory = None
         if self.comm_known:
-            rec.comm_ns = self.comm_ns
+            comm = self.comm_ns
             self.comm_ns = 0
         if self.inflight_known:
-            rec.inflight_ns = self.inflight_ns
+            inflight = self.inflight_ns
             self.inflight_ns = 0
         if self.memory is not None:
             try:
-                rec.memory = self.memory.read()
+                memory = self.memory.read()
             except Exception as exc:
                 self.memory = None
                 self.guard.report("memory_stats", exc)
-        rec.gpu_pairs = self.pairs
+        pairs = self.pairs
         self.pairs = None
+        return pairs, memory, comm, inflight
 
     def add_point(self, point: Point) -> None:
         """Queue a point made on the training thread (an event), bounded like steps."""
@@ -359,7 +371,7 @@ class StepRecorder:
             if p.ev0 is not None:
                 self.cuda.release(p.ev0)
             p.ev0 = None
-        self.phase_times.clear()
+        self.phase_times = ()
         if self.pairs:
             self.cuda.drop(self.pairs)
         self.pairs = None

@@ -152,7 +152,8 @@ class Worker:
         while budget > 0:
             budget -= 1
             item = q.popleft()
-            if type(item) is StepRecord:
+            if type(item) is tuple:
+                item = StepRecord.queued(item)
                 if item.gpu_pairs or (cuda_logs and _has_cuda_logs(item.logs)):
                     pending.append((item, now))
                     continue
