@@ -1,7 +1,7 @@
 """``Run``: the public API of ``gpulse.training`` (``docs/training.md``); the work is done elsewhere.
 
 * :mod:`~gpulse.training.step`: the training thread's hot path (timestamps and counts), one
-  :class:`~gpulse.training.step.StepRecord` per step into a bounded queue;
+  step (:class:`~gpulse.training.step.StepRecord`'s fields) per step into a bounded queue;
 * :mod:`~gpulse.training.worker`: the background thread, from records to points
   (:mod:`~gpulse.training.points`, :mod:`~gpulse.training.mfu`), to the agent or the recording
   file (:mod:`~gpulse.training.client`);

@@ -152,12 +152,12 @@ class Worker:
         while budget > 0:
             budget -= 1
             item = q.popleft()
-            if type(item) is tuple:
-                item = StepRecord.queued(item)
-                if item.gpu_pairs or (cuda_logs and _has_cuda_logs(item.logs)):
-                    pending.append((item, now))
+            if type(item) is tuple:  # a step (StepRecorder.prepare); anything else is a point
+                rec = StepRecord.queued(item)
+                if rec.gpu_pairs or (cuda_logs and _has_cuda_logs(rec.logs)):
+                    pending.append((rec, now))
                     continue
-                row_shape, row = step_row(item, offset, None)
+                row_shape, row = step_row(rec, offset, None)
                 if row_shape is not shape:  # rows of one shape go together
                     self._send_rows(shape, rows, now)
                     shape, rows = row_shape, []
