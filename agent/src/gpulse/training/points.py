@@ -127,7 +127,8 @@ class PointMaker:
         phases = rec.phases
         if phases:
             keys = self._cpu_keys
-            for name, ns in zip(phases[::2], phases[1::2], strict=True):  # flat: (name, ns, name, ns...)
+            pairs = iter(phases)
+            for name, ns in zip(pairs, pairs, strict=True):  # flat: (name, ns, name, ns, ...)
                 key = keys.get(name) or self._phase_key(name, False)
                 if key is not None:
                     name_(key)
