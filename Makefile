@@ -19,8 +19,8 @@ help:
 	@echo "make generate  regenerate docs/schema.md, dashboards and Flux tasks from the code"
 
 # The virtualenv, step by step: torch first, its CPU build where the CPU index answers (see scripts/venv.sh);
-# rebuilt when the C hot path changes (agent/setup.py compiles it at install).
-$(STAMP): agent/pyproject.toml agent/setup.py $(wildcard agent/src/gpulse/training/*.c agent/src/gpulse/training/*.h) scripts/venv.sh
+# rebuilt when the package's dependencies change.
+$(STAMP): agent/pyproject.toml scripts/venv.sh
 	@VENV=$(VENV) bash scripts/venv.sh
 	@touch $(STAMP)
 

@@ -9,10 +9,10 @@ records to its fallback file). Two figures per case, each with its spread over r
   (``pthread_getcpuclockid``) over the repetitions, plus the ``finish()`` that sends or records
   what is left: all the work a step causes besides the training thread's.
 
-Two more lines put them in proportion: the **floor** (:func:`floor`), the same loop's statements
-on C objects that do next to nothing, measured the same way, which no instrumentation of this shape
-can go below; and the **hot** figures (:func:`hot`), gpulse's step and the floor with nothing
-between the steps, on warm caches, where the loop's figures pay for cold ones after each wait.
+One more line puts them in proportion: the **hot** figures (:func:`hot`), with nothing between
+the steps, on warm caches: gpulse's step against the same loop on *Python* no-op context managers
+and calls of the same shape (:class:`PythonFloor`), what any instrumentation written in Python pays;
+their ratio is ``step_hot_ratio_vs_python_floor``.
 
 Noise: the bare and the instrumented loop run in one process, interleaved in blocks of
 :data:`BLOCK` steps (a bare block, an instrumented block, their order alternating), so that what
@@ -26,7 +26,7 @@ calls: the instrumented loop must make none (the CPU build of torch cannot repor
 synchronisations any other way).
 
 Only ``Run``'s public API is used, so the same file measures an older checkout of gpulse
-(run it with that checkout's interpreter); its last line says which parts it ran in C.
+(run it with that checkout's interpreter).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _loop_bare(loader: list[int], wait: Any = time.sleep) -> None:
         wait(WORK_S)
 
 
-def _loop_instrumented(run: Run, loader: list[int], wait: Any = time.sleep) -> None:
+def _loop_instrumented(run: Any, loader: list[int], wait: Any = time.sleep) -> None:
     acc = 0
     for batch in run.wrap_loader(loader):
         with run.step(samples=32, tokens=32 * 2048):
@@ -133,87 +133,68 @@ class _GcClock:
 GC = _GcClock()
 
 
-def _loop_floor(noop: Any, loader: list[int], wait: Any = time.sleep) -> None:
-    """The instrumented loop's statements on C objects that do next to nothing: what any
-    instrumentation of this shape (four ``with``, two keyword calls, three lookups, an iterator)
-    costs the training thread here, gpulse's work aside."""
-    acc = 0
-    steps = noop.steps
-    for batch in iter(loader):
-        with noop.step(steps=steps, name="step"):
-            with noop.phase("forward"):
-                acc += batch
-                wait(WORK_S)
-            with noop.phase("backward"):
-                pass
-            with noop.phase("optimizer"):
-                pass
-        noop.log(step=0.5)
+class PythonFloor:
+    """The instrumented loop's calls on Python objects that do nothing: ``wrap_loader`` a generator,
+    ``step`` and ``phase`` methods returning a context manager whose ``__enter__`` and ``__exit__``
+    are empty, ``log`` a method taking keywords. What any instrumentation of this shape written in
+    Python costs the training thread, whatever it records."""
 
+    def __enter__(self) -> PythonFloor:
+        return self
 
-class _Noop(NamedTuple):
-    """:func:`_loop_floor`'s objects, all C: ``step`` makes a phase timer of a recorder in which no
-    step is open (its ``__enter__`` and ``__exit__`` check one flag: a no-op), which allocates, where
-    ``run.step()`` does not, so the floor is if anything a little high; ``phase`` looks up such timers
-    in a dict; ``log`` is the recorder's ``prepare`` (it sets three fields)."""
-
-    steps: Any
-    step: Any
-    phase: Any
-    log: Any
-
-    @classmethod
-    def make(cls) -> _Noop | None:
-        """``None`` for a checkout without gpulse's C hot path."""
-        try:
-            from gpulse.training._hotpath import PhaseBase
-            from gpulse.training.errors import Guard
-            from gpulse.training.step import StepRecorder
-        except ImportError:
-            return None
-        steps = StepRecorder(Guard(), 10)
-        phases = {name: PhaseBase(steps, name) for name in ("forward", "backward", "optimizer")}
-        return cls(steps, PhaseBase, phases.__getitem__, steps.prepare)
-
-
-def floor(steps: int, reps: int) -> Spread | None:
-    """:func:`_loop_floor`'s training-thread CPU beyond the bare loop, µs per step (median and range)."""
-    noop = _Noop.make()
-    if noop is None:
+    def __exit__(self, et: object, ev: object, tb: object) -> None:
         return None
-    loader = list(range(steps))
-    cpu = []
-    for rep in range(reps + 1):
-        _, ic, _, bc = _paired(_loop_floor, noop, loader, bare_first=rep % 2 == 0)
-        if rep:
-            cpu.append((ic - bc) / steps / 1000)
-    return Spread.of(cpu)
+
+    def wrap_loader(self, loader: list[int]) -> Iterator[int]:
+        for batch in loader:  # noqa: UP028  (a Python frame per batch, as any wrapper that sees them has)
+            yield batch
+
+    def step(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> PythonFloor:
+        return self
+
+    def phase(self, name: str) -> PythonFloor:
+        return self
+
+    def log(self, **scalars: float) -> None:
+        return None
 
 
 def _no_wait(_seconds: float) -> None:
     """The hot figures' GPU wait: none, so that each step runs on the caches the previous one left."""
 
 
-def hot(out: Path, blocks: int) -> tuple[float, float | None]:
-    """(gpulse's step, the floor's statements or ``None`` without a C hot path): training-thread CPU
-    per step beyond the bare loop with nothing between the steps, the best of ``blocks`` blocks of
-    1,000 steps of each, in turn. Warm caches: the loop figures above pay for cold ones after each
-    wait, which is most of what they measure on a shared VM. Agent absent (the run records)."""
+class Hot(NamedTuple):
+    """Training-thread CPU per step beyond the bare loop, hot, µs: gpulse's step and the Python floor."""
+
+    gpulse: Spread
+    floor: Spread
+
+    @property
+    def ratio(self) -> float:
+        return self.gpulse.median / self.floor.median
+
+
+def hot(out: Path, blocks: int) -> Hot:
+    """gpulse's step and the :class:`PythonFloor`, each beyond the bare loop, with nothing between
+    the steps: ``blocks`` rounds of a block of 1,000 steps of each loop in turn (the order rotating),
+    medians over the rounds. Warm caches: the loop figures above pay for cold ones after each wait,
+    which is most of what they measure on a shared VM. Agent absent (the run records)."""
     loader = list(range(1_000))
-    noop = _Noop.make()
     run = Run(name="bench-hot", output_dir=out, socket_path=str(out / "nobody.sock"), write_report=False)
-    loops: dict[Any, tuple[Any, ...]] = {_loop_bare: (), _loop_instrumented: (run,)}
-    if noop is not None:
-        loops[_loop_floor] = (noop,)
-    best = dict.fromkeys(loops, float("inf"))
+    floor = PythonFloor()
+    order = [(_loop_bare, ()), (_loop_instrumented, (run,)), (_loop_instrumented, (floor,))]
+    ours, theirs = [], []
     try:
-        for _ in range(blocks):
-            for loop, args in loops.items():
-                best[loop] = min(best[loop], _timed(loop, *args, loader, _no_wait)[1] / len(loader) / 1000)
+        for k in range(blocks + 1):
+            cpu = {}
+            for loop, args in order[k % 3 :] + order[: k % 3]:
+                cpu[args[0] if args else None] = _timed(loop, *args, loader, _no_wait)[1] / len(loader) / 1000
+            if k:  # the first round warms up
+                ours.append(cpu[run] - cpu[None])
+                theirs.append(cpu[floor] - cpu[None])
     finally:
         run.finish()
-    bare = best[_loop_bare]
-    return best[_loop_instrumented] - bare, best[_loop_floor] - bare if noop is not None else None
+    return Hot(Spread.of(ours), Spread.of(theirs))
 
 
 def _paired(loop: Any, arg: Any, loader: list[int], bare_first: bool) -> tuple[int, int, int, int]:
@@ -280,28 +261,6 @@ def overhead(socket_path: str, out: Path, steps: int, reps: int) -> Overhead:
     return Overhead(Spread.of(cpu), Spread.of(wall), Spread.of(background), total_ns / ((reps + 1) * steps) / 1000)
 
 
-def _hot_path() -> str:
-    """What the measured checkout runs in C: the training thread's hot path (``gpulse.training._hotpath``)
-    and the worker's step rows (``gpulse.training._rows``), where built; else Python (not built, or a
-    checkout from before they existed)."""
-    try:
-        from gpulse.training import step
-    except ImportError:  # a checkout from before gpulse.training.step
-        return "Python"
-    base = getattr(step, "PhaseBase", None)
-    hot = base is not None and base.__module__.endswith("_hotpath")
-    try:
-        from gpulse.training import plans
-
-        rows = getattr(plans, "RowPlan", None).__module__.endswith("_rows")  # type: ignore[union-attr]
-    except (ImportError, AttributeError):  # a checkout from before plans.RowPlan
-        rows = False
-    return ", ".join(
-        (f"training thread: {'C (gpulse.training._hotpath)' if hot else 'Python'}",
-         f"step rows: {'C (gpulse.training._rows)' if rows else 'Python'}")
-    )  # fmt: skip
-
-
 @contextmanager
 def listening_agent(tmp: str) -> Iterator[str]:
     """A real ``gpulse agent`` (one simulated GPU, recording to a file) for the time of the block;
@@ -344,9 +303,8 @@ def run(table: Table) -> dict[str, float]:
         absent = overhead(os.path.join(tmp, "nobody", "agent.sock"), Path(tmp) / "b", steps, reps)
         recorded = any((Path(tmp) / "b").glob("gpulse-records.*"))  # .lp before the rows lines, .rec since
     gc_after = GC.total()
-    statements = floor(steps, reps)
     with tempfile.TemporaryDirectory() as tmp:
-        hot_step, hot_floor = hot(Path(tmp), scale(30, 5))
+        hot_steps = hot(Path(tmp), scale(30, 5))
 
     for name, o, note in (("listening", listening, ""), ("absent", absent, f"; fallback file written: {recorded}")):
         table.add(
@@ -364,17 +322,11 @@ def run(table: Table) -> dict[str, float]:
             "<= 5 µs",
         )
     table.add(
-        "of which the loop's own statements: the same loop on C objects that do nothing (µs/step, median (range))",
-        str(statements) if statements is not None else "n/a (no C hot path in this checkout)",
-        "the same bare loop",
-        "four with, two keyword calls, three lookups, an iterator: the floor of any instrumentation of this shape",
-    )
-    hot_floor_text = f"{hot_floor:.3f}" if hot_floor is not None else "n/a (no C hot path)"
-    table.add(
-        "hot, nothing between the steps (µs/step, training thread CPU, best of blocks of 1,000): gpulse's step",
-        f"{hot_step:.3f}",
-        "the same bare loop",
-        f"the floor's statements: {hot_floor_text} (warm caches: the figures above pay for cold ones after each wait)",
+        "hot, nothing between the steps (µs/step, training thread CPU, median (range) of blocks of 1,000): gpulse's step",
+        str(hot_steps.gpulse),
+        f"{hot_steps.floor} the same loop on Python no-op context managers and calls",
+        f"{hot_steps.ratio:.2f}x the Python floor (warm caches: the figures above pay for cold ones after each wait)",
+        "<= 3.0x",
     )
     measured = 2 * (reps + 1) * steps
     table.add(
@@ -384,7 +336,6 @@ def run(table: Table) -> dict[str, float]:
         f"{GC.full - gc_full} full collections (each tens of ms with torch's objects in the heap; the bare loops make no garbage)",
     )
     table.add("torch.cuda.synchronize calls in the instrumented loops", str(sync_calls), goal="0")
-    table.add("hot paths measured above", _hot_path())
     if sync_calls:
         raise RuntimeError("gpulse.training synchronised CUDA on the hot path")
     return {
@@ -392,9 +343,8 @@ def run(table: Table) -> dict[str, float]:
         "step_overhead_us_agent_absent": round(absent.cpu.median, 3),
         "step_background_cpu_us": round(listening.background_total, 3),
         "step_background_cpu_us_agent_absent": round(absent.background_total, 3),
-        **({"step_statements_floor_us": round(statements.median, 3)} if statements is not None else {}),
-        "step_hot_us": round(hot_step, 3),
-        **({"step_statements_floor_hot_us": round(hot_floor, 3)} if hot_floor is not None else {}),
+        "step_hot_us": round(hot_steps.gpulse.median, 3),
+        "step_hot_ratio_vs_python_floor": round(hot_steps.ratio, 3),
     }
 
 

@@ -42,15 +42,15 @@ KEYS = (
     "step_overhead_us_agent_absent",
     "step_background_cpu_us",
     "step_background_cpu_us_agent_absent",
-    "step_statements_floor_us",
     "step_hot_us",
-    "step_statements_floor_hot_us",
+    "step_hot_ratio_vs_python_floor",
     "ingest_records_per_s",
     "ingest_ratio_vs_bare_recv",
     "e2e_ratio_vs_bulk_post",
     "agent_rss_mib_start",
     "agent_rss_mib_end",
     "training_import_ms",
+    "import_ratio_vs_torch",
 )
 
 

@@ -27,8 +27,7 @@ from gpulse.training import client, points, report, worker
 
 PARTS: list[tuple[type, str]] = [
     (worker.Worker, "_drain"),  # taking records off the queue: the rows, the report buffer, handing over
-    (points.PointMaker, "step_row"),  # a step the plan used last does not fit (the others: take)
-    (points.PointMaker, "take"),
+    (points.PointMaker, "step_row"),  # a step's row
     (report.ReportBuffer, "add_rows"),
     (client.Client, "submit_rows"),
     (client.Client, "pump"),  # reading acks, sending (packing rows), recording what expired

@@ -25,11 +25,11 @@ STATE=.gpulse
 TOKEN_FILE=secrets/influxdb-admin-token
 say() { printf 'gpulse up: %s\n' "$*"; }
 
-# 1. the agent's virtualenv (just the package; `make test` adds the test tools later)
-if ! "$PY" -c 'import gpulse' >/dev/null 2>&1; then
+# 1. the agent's virtualenv (the package with its agent extra; `make test` adds the test tools later)
+if ! "$PY" -c 'import gpulse, pynvml, tenacity, docker' >/dev/null 2>&1; then
   say "installing the gpulse agent into $VENV ..."
   test -x "$PY" || python3 -m venv "$VENV"
-  "$PY" -m pip install -q --disable-pip-version-check -e agent
+  "$PY" -m pip install -q --disable-pip-version-check -e 'agent[agent]'
 fi
 
 # 2. settings for this machine, and the secrets (first run only; never overwritten, never printed)

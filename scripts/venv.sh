@@ -35,11 +35,6 @@ else
   fi
   pip_install "$TORCH"
 fi
-CC_CMD=${CC:-cc}
-if ! command -v "${CC_CMD%% *}" >/dev/null 2>&1; then
-  step "no C compiler ($CC_CMD): gpulse installs without its C hot path (agent/setup.py), and the test that"
-  step "  checks it is built will fail; install one (Debian: sudo apt-get install -y gcc) and run make venv again"
-fi
-step "gpulse (editable) with the test and training extras: pytest, ruff, hypothesis, transformers, lightning, ... (about 80 MB)"
-pip_install -e 'agent[test,train]'
+step "gpulse (editable) with the agent, test and training extras: nvidia-ml-py, docker, pytest, ruff, transformers, lightning, ... (about 80 MB)"
+pip_install -e 'agent[agent,kubernetes,test,train]'
 step "done: $("$PY" -c 'import torch; print("torch", torch.__version__)')"

@@ -147,7 +147,7 @@ def test_make_venv_takes_torch_s_cpu_build_where_its_index_answers(clone: Path, 
         server.shutdown()
     assert out.returncode == 0, out.stdout + out.stderr
     assert pips[0] == f"-m pip install --progress-bar on --index-url {index} torch==2.13.0"
-    assert pips[1] == "-m pip install --progress-bar on -e agent[test,train]"
+    assert pips[1] == "-m pip install --progress-bar on -e agent[agent,kubernetes,test,train]"
     assert f"== make venv: PyTorch 2.13.0, CPU build, from {index}" in out.stdout
 
 

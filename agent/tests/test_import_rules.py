@@ -3,7 +3,8 @@
 The folder tree is the pipeline (``docs/architecture.md``); these rules keep the stages apart:
 
 * the in-process training library (``gpulse.training``) imports only the channel contract
-  (``gpulse.channel``) and itself: what runs inside a user's training process stays small and never
+  (``gpulse.channel``), the one definition of the int64 bounds (``gpulse.lineprotocol.limits``) and
+  itself: what runs inside a user's training process stays small and never
   pulls in the agent. One exception, named in :data:`EXCEPTIONS` with its reason: the training
   process writes ``metrics_report.json`` at ``finish()`` with the report model ``gpulse report``
   uses (one summary, not two that drift apart). That is safe only while everything the training
@@ -78,7 +79,7 @@ def within(module: str, *prefixes: str) -> bool:
 
 RULES = [
     # (who, may import only these gpulse modules, third-party allowed)
-    ("gpulse.training", ("gpulse.training", "gpulse.channel"), True),
+    ("gpulse.training", ("gpulse.training", "gpulse.channel", "gpulse.lineprotocol.limits"), True),
     ("gpulse.channel", ("gpulse.channel", "gpulse.schema", "gpulse.lineprotocol"), False),
     ("gpulse.lineprotocol", ("gpulse.lineprotocol", "gpulse.schema"), False),
     ("gpulse.schema", ("gpulse.schema",), False),

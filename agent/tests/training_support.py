@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from types import ModuleType
 
-import pytest
 from support.waiting import eventually
 
 from gpulse.channel.recording import read_records
 from gpulse.channel.server import TrainingReceiver
 from gpulse.lineprotocol.parse import ParsedLine, parse_line
-
-
-def compiled(module: str) -> ModuleType:
-    """gpulse's C module ``gpulse.training.<module>`` (built by ``agent/setup.py``), or the test fails
-    saying what to do: every other test would pass on the Python references without it."""
-    try:
-        return importlib.import_module(f"gpulse.training.{module}")
-    except ImportError as exc:
-        pytest.fail(f"gpulse.training.{module} is not built ({exc}): install a C compiler and run `make venv` again")
 
 
 class Delivery:

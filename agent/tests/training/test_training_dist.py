@@ -16,6 +16,7 @@ STEPS = 3
 def worker(rank: int, world: int, init_file: str, sock: str, out: str) -> None:
     from gpulse.training import Run
     from gpulse.training.comm import attach_ddp
+    from gpulse.training.step import StepRecord
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -40,8 +41,9 @@ def worker(rank: int, world: int, init_file: str, sock: str, out: str) -> None:
         with again.step(samples=4):
             model(torch.randn(4, 256)).square().mean().backward()
         assert run.comm_timer.intervals == [] and run.comm_timer.probe.handles == []
-        assert again.steps.last is not None and again.steps.last.comm_ns > 0
-        assert again.steps.last.inflight_ns is None
+        assert again.steps.last is not None
+        last = StepRecord(*again.steps.last)
+        assert last.comm_ns > 0 and last.inflight_ns is None
         again.finish()
         assert again.stats()["errors"] == {"comm_hook": 1}, again.stats()
     finally:

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from unittest.mock import patch
 
 import pytest
 from training_support import Agent, recorded, wait_for
@@ -123,8 +124,11 @@ class CudaScalar:
 
 
 def gpu_run(tmp_path: Path, gpu: FakeGPU, socket_path: str, **kw) -> Run:
-    run = Run(name="gpu", output_dir=tmp_path, socket_path=socket_path, **kw)
-    run.steps.attach_cuda(make_fake_torch(gpu), 0)
+    """A run in a process whose script has initialised CUDA: the run finds it as it finds the real
+    one, by looking for ``torch`` in ``sys.modules`` (gpulse never imports it)."""
+    with patch.dict(sys.modules, {"torch": make_fake_torch(gpu)}):
+        run = Run(name="gpu", output_dir=tmp_path, socket_path=socket_path, **kw)
+    assert run.steps.cuda.device == 0
     return run
 
 

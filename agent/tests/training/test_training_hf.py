@@ -163,7 +163,7 @@ def fake_swift(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_ms_swift_external_plugin_registers_the_callback_by_name(
     fake_swift, agent: Agent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpulse.training.integrations import swift as plugin
+    from gpulse.training import swift as plugin
 
     monkeypatch.setenv("GPULSE_SOCKET", agent.path)
     path = plugin.plugin_path()

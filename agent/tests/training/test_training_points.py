@@ -6,16 +6,26 @@ Against the real agent-side receiver (``training_support.Agent``), which checks 
 from __future__ import annotations
 
 import logging
+import random
 import time
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from training_support import Agent, recorded
 
-from gpulse.channel.protocol import RECORD_FILE
+from gpulse.channel.protocol import KIND_FLOAT, RECORD_FILE, Point, StepRows
 from gpulse.training import Run
+from gpulse.training.cuda import CudaDevice
+from gpulse.training.errors import Guard
+from gpulse.training.mfu import Mfu
+from gpulse.training.points import PointMaker
+from gpulse.training.report import ReportBuffer
+from gpulse.training.step import QueuedStep, StepRecord, StepRecorder
+from gpulse.training.worker import Worker
 
 
 @pytest.fixture
@@ -88,9 +98,127 @@ def test_with_the_agent_away_the_buffer_holds_at_most_its_bytes_and_every_step_r
             run.log(loss=1.0 / (i + 1))
             if i % 50 == 0:
                 time.sleep(0.6)  # a tick of the background thread
-                assert run.client.pending_bytes <= 20_000  # the bound held after each tick
+                assert run.client._bytes <= 20_000  # what the buffer counts against max_unacked_bytes, after each tick
         run.finish()
     assert sorted(p.fields["step"] for p in recorded(out / RECORD_FILE, "train_step")) == list(range(1, 301))
     assert run.stats()["errors"]["buffer_full"] >= 1
     said = [r.getMessage() for r in caplog.records if "buffer_full" in r.getMessage()]
     assert len(said) == 1 and str(out / RECORD_FILE) in said[0]
+
+
+# -- a record's row, as the background thread makes it (PointMaker.step_row) ---------------------------
+
+OFFSET = 1_764_547_836_000_000_000
+
+
+def maker() -> PointMaker:
+    guard = Guard()
+    return PointMaker(guard, Mfu(guard, None, None, None), CudaDevice(guard))
+
+
+def odd_record(rng: random.Random, i: int) -> StepRecord:
+    """A step as integrations hand them over: mostly plain, now and then with a value of another type."""
+    t0 = 1_000_000_000 + i * 1_100_000
+    phases = tuple(x for n in rng.choice([(), ("forward", "backward", "optimizer"), ("forward", "forward"), ("data_copy",)]) for x in (n, rng.randrange(1, 10**6)))  # fmt: skip
+    rec = StepRecord(
+        rng.choice([i, i, float(i), 2**64]), t0, t0 + rng.choice([1_050_000, 0]), rng.choice([None, 3000]),
+        rng.choice([None, 0, 32, Fraction(32), True, -4, 2.5]), rng.choice([None, 0, 65536, 2**70]), phases, None,
+        rng.choice([None, (1, 2, 3, 4)]), rng.choice([None, 500]), rng.choice([None, 700]),
+    )  # fmt: skip
+    logs = rng.choice([None, {"loss": 0.5}, {"loss": 1, "lr": 1e-4}, {"loss": float("nan")}, {"x": "text"}])
+    rec.logs = dict(logs) if logs else None
+    return rec
+
+
+def test_every_value_of_a_row_is_a_finite_number_of_the_kind_its_shape_says_whatever_the_record_held() -> None:
+    rng = random.Random(7)
+    pm = maker()
+    for i in range(2000):
+        rec = odd_record(rng, i)
+        shape, row = pm.step_row(rec, OFFSET, None)
+        assert len(row) == len(shape.names) + 1 and row[-1] == rec.t1_ns + OFFSET  # the timestamp last
+        for name, kind, value in zip(shape.names, shape.kinds, row, strict=False):
+            assert type(value) is (float if kind == KIND_FLOAT else int), (name, value)
+            assert value - value == 0, (name, value)  # finite
+        assert len(set(shape.names)) == len(shape.names)
+    assert pm.guard.counts["not_an_integer"] > 0 and pm.guard.counts["nonfinite_value"] > 0
+
+
+def test_a_plain_step_s_row_holds_its_times_counts_rates_and_phases_in_order() -> None:
+    rec = StepRecord(5, 5 * 10**6, 5 * 10**6 + 900_000, 3000, 32, 65536, ("forward", 1234))
+    shape, row = maker().step_row(rec, OFFSET, None)
+    assert shape.names == ("step", "start_time_ns", "end_time_ns", "step_time_s", "data_wait_s", "forward_s",
+                           "samples", "samples_per_s", "tokens", "tokens_per_s")  # fmt: skip
+    assert row == (5, 5 * 10**6 + OFFSET, 5 * 10**6 + 900_000 + OFFSET, 900_000, 3000, 1234,
+                   32, 32 / 0.0009, 65536, 65536 / 0.0009, 5 * 10**6 + 900_000 + OFFSET)  # fmt: skip
+
+
+def test_gpu_times_and_mfu_join_the_row_when_known() -> None:
+    pm = maker()
+    rec = StepRecord(1, 0, 10**6, None, 32, 65536, ())
+    shape, row = pm.step_row(rec, OFFSET, {"forward": 0.25})
+    assert row[shape.pos["forward_gpu_s"]] == 250_000_000
+    pm.mfu.fixed = 6e9  # FLOPs per token known: tflops (and mfu) join the row
+    shape, row = pm.step_row(StepRecord(2, 0, 10**6, None, 32, 65536, ()), OFFSET, None)
+    assert "tflops" in shape.names and row[shape.pos["tflops"]] == pytest.approx(6e9 * 65536 / 1e-3 / 1e12)
+
+
+def plain(i: int, phases: tuple[str, ...] = ("forward", "backward", "optimizer")) -> StepRecord:
+    """A step as a plain loop makes them: int counts, a float loss."""
+    t0 = 10**9 + i * 1_100_000
+    rec = StepRecord(i, t0, t0 + 1_050_000, 2500 + i, 32, 65536,
+                     tuple(x for n, p in zip(phases, range(len(phases)), strict=True) for x in (n, 1000 * i + p)))  # fmt: skip
+    rec.logs = {"loss": 0.5 + i}
+    return rec
+
+
+def as_queued(rec: StepRecord) -> QueuedStep:
+    """``rec`` as the training thread queues a step: its fields but the logs, and its logs."""
+    fields = (rec.step, rec.t0_ns, rec.t1_ns, rec.wait_ns, rec.samples, rec.tokens, rec.phases, rec.gpu_pairs,
+              rec.memory, rec.comm_ns, rec.inflight_ns)  # fmt: skip
+    return fields, rec.logs
+
+
+class _Client:
+    """What the worker hands the client, in order: ("rows", first step, last step, names) or ("point", kind)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[Any, ...]] = []
+
+    def submit_rows(self, batch: StepRows, now: float) -> None:
+        self.got.append(("rows", batch.rows[0][0], batch.rows[-1][0], batch.shape.names))
+
+    def submit(self, point: Point) -> None:
+        self.got.append(("point", point.fields["kind"]))
+
+
+def worker_of(steps: StepRecorder) -> Worker:
+    guard = steps.guard
+    pm = PointMaker(guard, Mfu(guard, None, None, None), steps.cuda)
+    return Worker(steps, _Client(), pm, ReportBuffer(100), {"run": "r"}, guard, 1.0)  # type: ignore[arg-type]
+
+
+def test_the_worker_hands_steps_and_points_over_in_the_queue_s_order_a_shape_at_a_time() -> None:
+    steps = StepRecorder(Guard())
+    worker = worker_of(steps)
+    point = Point("train_event", 1, {}, {"kind": "a"})
+    steps.queue.extend([*map(as_queued, [plain(1), plain(2), plain(3)]), point,
+                        *map(as_queued, [plain(4), plain(5, ("forward",)), plain(6, ("forward",)), plain(7), plain(8)])])  # fmt: skip
+    assert worker._drain(final=False) is False
+    pm = worker.points
+    long_, short = pm.step_row(plain(1), 0, None)[0].names, pm.step_row(plain(5, ("forward",)), 0, None)[0].names
+    assert worker.client.got == [("rows", 1, 3, long_), ("point", "a"), ("rows", 4, 4, long_), ("rows", 5, 6, short),
+                                 ("rows", 7, 8, long_)]  # fmt: skip
+    assert worker.steps_sent == 8 and worker.report._seen == 8
+
+
+def test_a_slice_is_at_most_slice_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpulse.training.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "SLICE", 5)
+    steps = StepRecorder(Guard())
+    worker = worker_of(steps)
+    steps.queue.extend(as_queued(plain(i)) for i in range(1, 13))
+    assert worker._drain(final=False) is True and len(steps.queue) == 7
+    assert worker._drain(final=False) is True and len(steps.queue) == 2
+    assert worker._drain(final=False) is False and worker.steps_sent == 12

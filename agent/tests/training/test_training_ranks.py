@@ -198,6 +198,7 @@ def test_a_distributed_run_started_before_torch_was_imported_still_times_its_bac
         """
         import json, sys
         from gpulse.training import Run
+        from gpulse.training.step import StepRecord
         assert "torch" not in sys.modules
         run = Run(name="late-torch", output_dir=sys.argv[1], write_report=False)
         import torch
@@ -209,7 +210,7 @@ def test_a_distributed_run_started_before_torch_was_imported_still_times_its_bac
                 model(torch.randn(2, 8)).sum().backward()
                 opt.step()
                 opt.zero_grad()
-            comm.append(run.steps.last.comm_ns)
+            comm.append(StepRecord(*run.steps.last).comm_ns)
         run.finish()
         print(json.dumps({"comm": comm, "errors": run.stats()["errors"]}))
         """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 
@@ -26,6 +27,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "the running agent's own view through its socket"),
     "schema": ("schema", "print the data model (docs/schema.md)"),
 }
+
+#: The modules of the agent's dependencies (the ``agent`` extra in agent/pyproject.toml), which a
+#: training environment's ``pip install gpulse`` leaves out; only the commands below run without them.
+AGENT_EXTRA_MODULES = ("pynvml", "tenacity", "docker")
+WITHOUT_AGENT_EXTRA = frozenset(("report", "schema"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +55,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     glob = top.parse_args(argv[:idx]) if idx else argparse.Namespace(verbose=False)
     name = argv[idx]
+    missing = (
+        [] if name in WITHOUT_AGENT_EXTRA else [m for m in AGENT_EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    )
+    if missing:
+        print(
+            f"gpulse {name}: this environment lacks the agent's dependencies ({', '.join(missing)}); "
+            "install gpulse with its agent extra: pip install 'gpulse[agent]'",
+            file=sys.stderr,
+        )
+        return 2
     module = importlib.import_module(f"gpulse.cli.commands.{COMMANDS[name][0]}")
     parser = argparse.ArgumentParser(prog=f"gpulse {name}", description=COMMANDS[name][1])
     module.add_arguments(parser)

@@ -26,7 +26,7 @@ from gpulse.channel.trust import UntrustedSocket
 from gpulse.training.errors import Guard
 
 #: While no agent answers, the client looks for one again after 1, 2, 4, then every 4 ``retry_interval``
-#: (each look costs the worker ~0.1 ms of CPU; unsent points are recorded after ``ack_timeout`` anyway).
+#: (each look costs the worker CPU; unsent points are recorded after ``ack_timeout`` anyway).
 MAX_BACKOFF = 4
 #: Send errors that mean "try again later" (the agent's queue is full).
 _RETRY_LATER = {errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.EINTR}
@@ -133,11 +133,6 @@ class Client:
     def pending(self) -> int:
         """Messages not yet acknowledged (unsent + in flight)."""
         return self._count
-
-    @property
-    def pending_bytes(self) -> int:
-        """What they count against ``max_unacked_bytes`` (a bound for those not encoded yet)."""
-        return self._bytes
 
     def submit(self, msg: Outgoing, now: float | None = None) -> None:
         """Queue one message (its ``seq`` is assigned here) for the next :meth:`pump`."""

@@ -350,15 +350,6 @@ def is_ddp(model: Any) -> bool:
     return ddp is not None and isinstance(model, ddp.DistributedDataParallel)
 
 
-def is_fsdp(model: Any) -> bool:
-    """FSDP (``FullyShardedDataParallel``) or FSDP2 (``fully_shard``: an ``FSDPModule``)."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    classes = tuple(
-        c for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None)) if c
-    )
-    return bool(classes) and isinstance(model, classes)
-
-
 def _register_hook(timer: CommTimer, ddp_model: Any, hook: Any, state: Any) -> None:
     import torch
     import torch.distributed as dist

@@ -22,11 +22,10 @@ from gpulse.channel.protocol import (
     MAX_OPEN_FIELDS_PER_RUN,
     FieldShape,
 )
-from gpulse.training import plans
+from gpulse.lineprotocol.limits import INT64_MAX, INT64_MIN
 from gpulse.training.cuda import CudaDevice
 from gpulse.training.errors import Guard
 from gpulse.training.mfu import Mfu
-from gpulse.training.plans import Layout, Row
 from gpulse.training.step import StepRecord
 
 STANDARD_PHASES = ("forward", "backward", "optimizer")
@@ -73,7 +72,6 @@ def _kind(name: str) -> str:
 #: Longest ``train_run.config`` JSON kept (the schema's string limit).
 MAX_CONFIG = 4096
 _INF = float("inf")
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _INT64 = range(INT64_MIN, INT64_MAX + 1)
 
 
@@ -90,10 +88,6 @@ class PointMaker:
         self._names: set[str] = set()
         #: field names -> their shape (a run has a handful; more only with ever-changing log names)
         self._shapes: dict[tuple[str, ...], StepShape] = {}
-        #: layouts seen -> (their plan, its shape), or ``None`` when the plan did not give the general path's row
-        self._plans: dict[Layout, tuple[Any, StepShape] | None] = {}
-        #: the plan used last, tried first (:data:`~gpulse.training.plans.RowPlan`), with its shape
-        self._plan: tuple[Any, StepShape] | None = None
         #: a phase name (host times, GPU times) or a logged name -> its field name, for names already
         #: accepted (bounded together)
         self._cpu_keys: dict[str, str] = {}
@@ -104,62 +98,8 @@ class PointMaker:
         self, rec: StepRecord, offset_ns: int, gpu_times: dict[str, float] | None
     ) -> tuple[StepShape, tuple[int | float, ...]]:
         """The ``train_step`` point of ``rec`` as a shape and a row (:class:`~gpulse.channel.protocol.StepRows`,
-        the timestamp last); ``offset_ns`` turns ``perf_counter_ns`` into Unix ns.
-
-        By the plan of the record's layout when there is one (:mod:`gpulse.training.plans`; the last
-        one used is tried first), else by :meth:`general_row`, after which the layout's plan is made
-        and kept if it gives the same row."""
-        layout = None
-        if gpu_times is None:
-            plan = self._plan
-            if plan is not None:
-                row = plan[0](rec, offset_ns)
-                if row is not None:
-                    return plan[1], row
-            try:
-                layout = Layout.of(rec)
-            except Exception:  # a count of a type that has no truth value: the general path says so
-                layout = None
-            plan = self._plans.get(layout) if layout is not None else None
-            if plan is not None:
-                row = plan[0](rec, offset_ns)
-                if row is not None:
-                    self._plan = plan
-                    return plan[1], row
-        shape, row = self.general_row(rec, offset_ns, gpu_times)
-        if layout is not None and layout not in self._plans:
-            self._make_plan(layout, rec, offset_ns, shape, row)
-        return shape, row
-
-    def take(self, queue: Any, n: int, offset_ns: int) -> tuple[StepShape, list[Row]] | None:
-        """The rows of the steps at the head of ``queue`` that the plan used last fits (at most ``n``),
-        taken off it, with their shape; ``None`` when there is no plan yet or the head is not its
-        (the worker then gives that item to :meth:`step_row`, which may find or make another plan)."""
-        plan = self._plan
-        if plan is None:
-            return None
-        rows = plan[0].take(queue, n, offset_ns)
-        return (plan[1], rows) if rows else None
-
-    def _make_plan(
-        self, layout: Layout, rec: StepRecord, offset_ns: int, shape: StepShape, row: tuple[int | float, ...]
-    ) -> None:
-        """Compile ``layout``'s plan and keep it if it gives ``row`` for ``rec`` (else remember there is none)."""
-        if len(self._plans) >= MAX_SHAPES:
-            self._plans.clear()
-        plan = plans.plan_for(layout, self.mfu)
-        try:
-            same = plan(rec, offset_ns) == row
-        except Exception:
-            same = False
-        self._plans[layout] = (plan, shape) if same else None
-        if same:
-            self._plan = (plan, shape)
-
-    def general_row(
-        self, rec: StepRecord, offset_ns: int, gpu_times: dict[str, float] | None
-    ) -> tuple[StepShape, tuple[int | float, ...]]:
-        """:meth:`step_row` for any record: the one definition of a step's fields.
+        the timestamp last); ``offset_ns`` turns ``perf_counter_ns`` into Unix ns: the one definition
+        of a step's fields.
 
         Every value is a finite ``int`` or ``float`` of the kind the point's shape says (durations in
         integer nanoseconds): values the integrations or the user handed over in another type (a
@@ -187,7 +127,8 @@ class PointMaker:
         phases = rec.phases
         if phases:
             keys = self._cpu_keys
-            for name, ns in zip(phases[::2], phases[1::2], strict=True):  # flat: (name, ns, name, ns...)
+            pairs = iter(phases)
+            for name, ns in zip(pairs, pairs, strict=True):  # flat: (name, ns, name, ns, ...)
                 key = keys.get(name) or self._phase_key(name, False)
                 if key is not None:
                     name_(key)

@@ -39,7 +39,7 @@ class ReportBuffer:
         #: the kept steps' rows in order, and each one's shape (a few shapes, referenced): no object per
         #: step that the garbage collector keeps tracking (a row of numbers it stops tracking at its
         #: first look; a (shape, row) pair it tracked for the run's life, so that, promoted to the oldest
-        #: generation, kept steps brought on full collections: tens of ms each with torch in the heap)
+        #: generation, kept steps brought on full collections, slow with torch in the heap)
         self._rows: list[tuple[int | float, ...]] = []
         self._shapes: list[FieldShape] = []
         self.runs: list[dict[str, Any]] = []
@@ -48,7 +48,7 @@ class ReportBuffer:
         self._stride = 1
         self._seen = 0
         #: samples and tokens of every step so far, kept or thinned out (the run's end point carries them),
-        #: added up as rows come: a slice's in C, rather than all kept steps' in Python at ``finish()``
+        #: added up as rows come, a slice at a time, rather than all kept steps' in Python at ``finish()``
         self._totals = dict.fromkeys(_TOTALS, 0)
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:

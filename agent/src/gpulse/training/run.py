@@ -1,7 +1,7 @@
 """``Run``: the public API of ``gpulse.training`` (``docs/training.md``); the work is done elsewhere.
 
-* :mod:`~gpulse.training.step`: the training thread's hot path (a few microseconds per step), one
-  :class:`~gpulse.training.step.StepRecord` per step into a bounded queue;
+* :mod:`~gpulse.training.step`: the training thread's hot path (timestamps and counts), one
+  step (:class:`~gpulse.training.step.StepRecord`'s fields) per step into a bounded queue;
 * :mod:`~gpulse.training.worker`: the background thread, from records to points
   (:mod:`~gpulse.training.points`, :mod:`~gpulse.training.mfu`), to the agent or the recording
   file (:mod:`~gpulse.training.client`);
@@ -85,8 +85,8 @@ class Run:
         self.steps.cuda.track_memory = track_memory
         self.steps.on_error = self._step_failed
         # run.step(), run.phase(name) and run.log() are called for every step: the recorder's own
-        # methods (C where built: no interpreter frame) and the phase table's lookup stand in for the
-        # methods below, which keep the docstrings and do the same
+        # methods and the phase table's lookup stand in for the methods below (one call, not two),
+        # which keep the docstrings and do the same
         self.step = self.steps.prepare  # type: ignore[method-assign]
         self.phase = self.steps.phases.__getitem__  # type: ignore[method-assign]
         self.log = self.steps.log  # type: ignore[method-assign]
@@ -264,7 +264,7 @@ class Run:
             self._finished = True
         self._finish_ns = time.time_ns()  # the run's end; flushing what it sent is not part of it
         try:
-            self.steps.hand_over()
+            self.steps.prepare()  # queues the last step
             if not self._enabled:
                 return
             status = status or "finished"

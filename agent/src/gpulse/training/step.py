@@ -2,11 +2,14 @@
 
 Everything here runs inside the user's training loop, so it only takes ``perf_counter_ns``
 timestamps, records pooled CUDA events (:mod:`gpulse.training.cuda`) and reads allocator counters;
-it never waits for the GPU, never formats, never sends. A finished step becomes a
-:class:`StepRecord` that stays open for ``run.log()`` until the next step begins (or the run
-finishes) and is then appended to the queue the background worker (:mod:`gpulse.training.worker`)
-drains. The queue holds at most ``max_queue`` records: beyond that, steps are not kept and are
-counted (``not_kept``), which ``finish()`` reports.
+it never waits for the GPU, never formats, never sends. A finished step becomes a tuple of
+:class:`StepRecord`'s fields, in their order (a tuple is built without a Python call, where an
+object's ``__init__`` would be a good part of what a step costs here: ``bench/bench_step.py``); it
+stays open for ``run.log()`` until the next step begins (or the run finishes) and is then appended,
+with its logs, to the queue the background worker (:mod:`gpulse.training.worker`) drains, which
+makes it a :class:`StepRecord`.
+The queue holds at most ``max_queue`` records: beyond that, steps are not kept and are counted
+(``not_kept``), which ``finish()`` reports.
 
 These are slotted classes with hand-written ``__init__`` (not dataclasses: importing
 ``dataclasses`` would double the cost of ``import gpulse.training``).
@@ -21,6 +24,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from gpulse.channel.protocol import Point
+from gpulse.lineprotocol.limits import INT64_MAX, INT64_MIN
 from gpulse.training.cuda import CudaDevice
 from gpulse.training.errors import Guard
 
@@ -31,17 +35,14 @@ MAX_QUEUE = 100_000
 GpuPair = tuple[str, Any, Any]
 
 
-class PyStepRecord:
-    """One finished step as the training thread hands it to the worker (times in ``perf_counter_ns``).
-
-    The Python reference of :mod:`gpulse.training._hotpath`'s ``StepRecord`` (used as
-    :data:`StepRecord` where that was not built): the same fields, the same constructor.
+class StepRecord:
+    """One finished step as the worker reads it (times in ``perf_counter_ns``), made by
+    :meth:`queued` from what the training thread queued.
 
     ``phases`` is flat, ``(name, ns, name, ns, ...)``, a pair per time a phase ran (a phase entered
-    twice appears twice; the worker adds them up): one tuple of strings and ints, which the garbage
-    collector stops tracking at its first look, where a tuple per phase in a list stayed tracked
-    while the step waited in the queue (more collections, and survivors moved to older
-    generations). ``logs`` is what ``run.log()`` gave for this step, attached at hand-over."""
+    twice appears twice; the worker adds them up); ``gpu_pairs`` ... ``inflight_ns`` are what
+    integrations and CUDA add, ``None`` in a plain step; ``logs`` is what ``run.log()`` gave for
+    this step, ``None`` if nothing."""
 
     __slots__ = ("comm_ns", "gpu_pairs", "inflight_ns", "logs", "memory", "phases", "samples", "step", "t0_ns", "t1_ns", "tokens", "wait_ns")  # fmt: skip
 
@@ -54,10 +55,11 @@ class PyStepRecord:
         samples: int | None,
         tokens: int | None,
         phases: tuple[str | int, ...],
-        gpu_pairs: list[GpuPair] | None,
-        memory: tuple[int, int, int, int] | None,
-        comm_ns: int | None,
+        gpu_pairs: list[GpuPair] | None = None,
+        memory: tuple[int, int, int, int] | None = None,
+        comm_ns: int | None = None,
         inflight_ns: int | None = None,
+        logs: dict[str, Any] | None = None,
     ) -> None:
         self.step = step
         self.t0_ns = t0_ns
@@ -70,188 +72,47 @@ class PyStepRecord:
         self.memory = memory
         self.comm_ns = comm_ns
         self.inflight_ns = inflight_ns
-        self.logs: dict[str, Any] | None = None
+        self.logs = logs
+
+    @classmethod
+    def queued(cls, item: QueuedStep) -> StepRecord:
+        """The record of a step as :meth:`StepRecorder.prepare` queued it."""
+        fields, logs = item
+        return cls(*fields, logs)
 
 
-#: A step record's fields, in both implementations (their ``__slots__`` / members).
-RECORD_FIELDS = PyStepRecord.__slots__
+#: A finished step on the training thread: :class:`StepRecord`'s fields but ``logs``, in its order.
+StepFields = tuple[Any, ...]
+#: A step in the queue: its fields and its logs (``None`` if nothing was logged).
+QueuedStep = tuple[StepFields, dict[str, Any] | None]
+#: What the worker's queue carries: steps, and points made elsewhere (run start, events).
+QueueItem = QueuedStep | Point
 
 
-class PyStepBase:
-    """The step recorder's hot state and methods in Python: what :mod:`gpulse.training._hotpath`'s
-    ``StepBase`` does in C, line for line (used where that was not built, and by the tests).
+class Phase:
+    """A reusable context manager for one phase name (no allocation per use but the time entry).
 
-    ``prepare`` is ``run.step(...)``, ``log`` is ``run.log(...)``; ``__enter__`` and ``__exit__``
-    begin and end a step. What only integrations and CUDA runs need is :class:`Recorder`'s, put over
-    this class, called through its hooks only when ``extras`` is set (and ``check_cuda`` when a
-    check is due), so that a plain step never leaves this code.
+    Two timestamps per use; the time goes to the step recorder's ``phase_times`` if a step is open
+    when the phase ends. This class times on the CPU only. Once
+    the run uses CUDA, every phase becomes a :class:`GpuPhase` (``StepRecorder._use_cuda`` swaps the
+    class), which also records events; so a run on the CPU never pays for looking for them."""
 
-    One difference, for the garbage collector only: the C ``hand_over`` untracks a record that refers
-    to no tracked object (``maybe_untrack`` in ``_hotpath.c``), which Python cannot."""
-
-    def __init__(self, max_queue: int) -> None:
-        self.queue: deque[QueueItem] = deque()
-        #: the finished step, open for ``run.log()`` until the next step begins (or the run finishes)
-        self.last: StepRecord | None = None
-        #: what ``run.log()`` gave since the last hand-over (the first call's own dict)
-        self.logs: dict[str, Any] = {}
-        #: the counts of the step being run, as ``run.step()`` or ``end()`` gave them
-        self.step_samples: int | None = None
-        self.step_tokens: int | None = None
-        self.step_number: int | None = None
-        #: this step's phases so far, flat (:class:`StepRecord`), kept and emptied at each step's end
-        self.phase_times: list[str | int] = []
-        self.t0 = 0
-        self.step_no = 0
-        self.wait_ns = 0
-        self._next_cuda_check = 0
-        self.max_queue = max_queue
-        #: steps the queue could not take (the worker fell behind by more than ``max_queue``)
-        self.not_kept = 0
-        self.in_step = False
-        self.wait_known = False
-        #: whether steps have more than times, counts and logs: set for good once an integration or
-        #: CUDA adds to them (hooks, ``enter_phase``, communication, memory, GPU events), so that a
-        #: plain step checks one flag for all of it
-        self.extras = False
-
-    def prepare(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> PyStepBase:
-        self.step_samples = samples
-        self.step_tokens = tokens
-        self.step_number = step
-        return self
-
-    def log(self, **scalars: Any) -> None:
-        if self.logs:
-            self.logs.update(scalars)
-        else:  # the step's first log: its own dict becomes the step's (nothing copied)
-            self.logs = scalars
-
-    def hand_over(self) -> None:
-        """Queue the finished step with its logs (at the next step's start, or at finish)."""
-        rec = self.last
-        if rec is None:
-            return
-        self.last = None
-        logs = self.logs
-        if logs:
-            rec.logs = logs
-            self.logs = {}
-            if self.extras:
-                self._logs_handed(logs)
-        if len(self.queue) >= self.max_queue:
-            self.not_kept += 1
-            if self.not_kept == 1:
-                self._queue_full()
-            return
-        self.queue.append(rec)
-
-    def __enter__(self) -> PyStepBase:
-        if self.last is not None:
-            self.hand_over()
-        if self.step_no >= self._next_cuda_check:
-            self.check_cuda()
-        if self.extras:
-            self._enter_extras()
-        self.in_step = True
-        self.t0 = perf_counter_ns()
-        return self
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        """End the step with the counts in ``step_samples``, ``step_tokens``, ``step_number``; a step
-        that raised is forgotten and the exception goes on to the loop."""
-        t1 = perf_counter_ns()
-        if et is not None:
-            self._step_raised(et, ev)
-            return
-        if not self.in_step:
-            return
-        extras = self.extras
-        if extras:
-            self._closing()
-        self.in_step = False
-        step = self.step_number
-        if step is None:
-            self.step_no = step = self.step_no + 1
-        else:  # the record keeps what it was given (the worker checks it); step_no follows an int64
-            self.step_no = step if isinstance(step, int) and -(2**63) <= step < 2**63 else self.step_no + 1
-        times = self.phase_times
-        if times:
-            phases = tuple(times)
-            times.clear()
-        else:
-            phases = ()
-        wait = None
-        if self.wait_known:
-            wait = self.wait_ns
-            self.wait_ns = 0
-        self.last = rec = PyStepRecord(
-            step, self.t0, t1, wait, self.step_samples, self.step_tokens, phases, None, None, None
-        )
-        if extras:
-            self._add_extras(rec)
-
-
-class PyPhaseBase:
-    """The phase timer in Python: what :mod:`gpulse.training._hotpath`'s ``PhaseBase`` does in C, line for line.
-
-    Used where the C module was not built (no C compiler at install: ``agent/setup.py``), and by the
-    tests, which run one suite against both. Two timestamps per use, nothing else checked; the time
-    goes to ``times``, the step recorder's ``phase_times`` (the same list for the recorder's life)."""
-
-    __slots__ = ("ev0", "name", "steps", "t0", "times")
+    __slots__ = ("ev0", "name", "steps", "t0")
 
     def __init__(self, steps: StepRecorder, name: str) -> None:
         self.steps = steps
         self.name = name
-        self.times = steps.phase_times
         self.t0 = 0
         self.ev0: Any = None
 
-    def __enter__(self) -> PyPhaseBase:
-        if self.steps.in_step:
-            self.t0 = perf_counter_ns()
+    def __enter__(self) -> Phase:
+        self.t0 = perf_counter_ns()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        t0 = self.t0
-        if t0:
-            self.times.extend((self.name, perf_counter_ns() - t0))
-            self.t0 = 0
-
-
-def py_timed_iter(steps: StepRecorder, loader: Iterable[Any]) -> Iterator[Any]:
-    """``iter(loader)``, each ``next()`` timed into ``steps.wait_ns``: what
-    :mod:`gpulse.training._hotpath`'s ``TimedIter`` does in C (the reference, as :class:`PyPhaseBase`)."""
-    it = iter(loader)
-    clock = perf_counter_ns
-    while True:
-        t0 = clock()
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        steps.wait_ns += clock() - t0
-        yield batch
-
-
-try:  # the same in C: a step, its record, a phase and each batch, without an interpreter frame
-    from gpulse.training._hotpath import PhaseBase, StepBase, StepRecord, TimedIter
-except ImportError:  # not built (agent/setup.py): the Python references above
-    PhaseBase, StepBase, StepRecord, TimedIter = PyPhaseBase, PyStepBase, PyStepRecord, py_timed_iter
-
-#: What the worker's queue carries: steps, and points made elsewhere (run start, events).
-QueueItem = StepRecord | Point
-
-
-class Phase(PhaseBase):  # type: ignore[valid-type,misc]
-    """A reusable context manager for one phase name (no allocation per use but the time entry).
-
-    This class times on the CPU only (:data:`PhaseBase`'s ``__enter__`` and ``__exit__``). Once the
-    run uses CUDA, every phase becomes a :class:`GpuPhase` (``StepRecorder._use_cuda`` swaps the
-    class), which also records events; so a run on the CPU never pays for looking for them."""
-
-    __slots__ = ()
+        steps = self.steps
+        if steps.in_step:
+            steps.phase_times += (self.name, perf_counter_ns() - self.t0)
 
 
 class GpuPhase(Phase):
@@ -261,21 +122,27 @@ class GpuPhase(Phase):
 
     def __enter__(self) -> Phase:
         steps = self.steps
-        if steps.in_step:
-            if steps.timer is not None:
-                self.ev0 = steps.record_event()
-            self.t0 = perf_counter_ns()
+        if steps.in_step and steps.timer is not None:
+            self.ev0 = steps.record_event()
+        self.t0 = perf_counter_ns()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        t0 = self.t0
-        if t0:
-            steps = self.steps
-            self.times.extend((self.name, perf_counter_ns() - t0))
-            self.t0 = 0
-            if self.ev0 is not None:
-                start, self.ev0 = self.ev0, None
-                steps.end_gpu_phase(self.name, start)
+        super().__exit__(et, ev, tb)
+        if self.ev0 is not None:  # kept as the step's GPU time, or given back to the pool
+            start, self.ev0 = self.ev0, None
+            self.steps.end_gpu_phase(self.name, start)
+
+
+def timed_iter(steps: StepRecorder, loader: Iterable[Any]) -> Iterator[Any]:
+    """``iter(loader)``, the wait for each batch (from the loop asking to its arrival) added to
+    ``steps.wait_ns``; the loader's own errors go on to the loop."""
+    clock = perf_counter_ns
+    t0 = clock()
+    for batch in loader:
+        steps.wait_ns += clock() - t0
+        yield batch
+        t0 = clock()
 
 
 class TimedLoader:
@@ -290,12 +157,12 @@ class TimedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self.steps.wait_known = True  # never reset: from now on every step has its data wait
-        return TimedIter(self.steps, self.loader)
+        return timed_iter(self.steps, self.loader)
 
 
 class PhaseTable(dict[str, Phase]):
     """The run's phases by the name the user gave; a new name makes its :class:`Phase` (``__missing__``),
-    so that ``run.phase(name)``, called for every phase of every step, is one lookup in C."""
+    so that ``run.phase(name)``, called for every phase of every step, is one dict lookup."""
 
     __slots__ = ("steps",)
 
@@ -308,19 +175,41 @@ class PhaseTable(dict[str, Phase]):
         return ph
 
 
-class Recorder:
-    """The step recorder's Python part, over either ``StepBase``: what integrations and CUDA runs add.
+class StepRecorder:
+    """The state of the step in progress, on the training thread; finished steps go to ``queue``.
 
-    :class:`StepRecorder` puts it over :data:`StepBase` (C where built); the tests also put it over
-    :class:`PyStepBase`. ``StepBase`` calls the hooks below (``_enter_extras`` ... ``_queue_full``,
-    ``check_cuda``) only once ``extras`` is set, when a step raises, or when a check is due, so
-    that a plain step never runs them. ``begin()`` / ``end()`` do what ``with`` does, for
-    integrations that cannot use it. Never raises into the loop: what fails is counted by ``guard``
-    and switched off."""
+    It is also the context manager ``run.step()`` returns: ``prepare`` is ``run.step(...)``, ``log``
+    is ``run.log(...)``, ``__enter__`` and ``__exit__`` begin and end a step. What only integrations
+    and CUDA runs need (``_closing``, ``_extras``) runs only once ``extras``
+    is set, so that a plain step checks one flag for all of it. ``begin()`` / ``end()`` do what
+    ``with`` does, for integrations that cannot use it. Never raises into the loop: what fails is
+    counted by ``guard`` and switched off."""
 
     def __init__(self, guard: Guard, max_queue: int = MAX_QUEUE) -> None:
-        super().__init__(max_queue)
         self.guard = guard
+        self.queue: deque[QueueItem] = deque()
+        #: the finished step, open for ``run.log()`` until the next step begins (or the run finishes)
+        self.last: StepFields | None = None
+        #: what ``run.log()`` gave since the last hand-over (the first call's own dict)
+        self.logs: dict[str, Any] = {}
+        #: the counts of the step being run, as ``run.step()`` or ``end()`` gave them
+        self.step_samples: int | None = None
+        self.step_tokens: int | None = None
+        self.step_number: int | None = None
+        #: this step's phases so far, flat (:class:`StepRecord`), taken by the step's record at its end
+        self.phase_times: tuple[str | int, ...] = ()
+        self.t0 = 0
+        self.step_no = 0
+        self.wait_ns = 0
+        self._next_cuda_check = 0
+        self.max_queue = max_queue
+        #: steps the queue could not take (the worker fell behind by more than ``max_queue``)
+        self.not_kept = 0
+        self.in_step = False
+        self.wait_known = False
+        #: whether steps have more than times, counts and logs: set for good once an integration or
+        #: CUDA adds to them (hooks, ``enter_phase``, communication, memory, GPU events)
+        self.extras = False
         self.comm_ns = 0
         self.comm_known = False
         self.inflight_ns = 0
@@ -345,45 +234,98 @@ class Recorder:
     def memory(self, probe: Any) -> None:
         self._memory = probe
         if probe is not None:
-            self.extras = True  # read by _add_extras, which plain steps skip
+            self.extras = True  # read by _extras, which plain steps skip
 
-    # -- steps ------------------------------------------------------------------------------------
+    # -- the hot path: run.step(), with, run.log() -------------------------------------------------
+    def prepare(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> StepRecorder:
+        """``run.step(...)``: queue the finished step with its logs (``run.log()`` now writes for the
+        next one) and keep the counts the next step ends with. ``finish()`` calls it with none."""
+        rec = self.last
+        if rec is not None:
+            self.last = None
+            logs: dict[str, Any] | None = self.logs
+            if logs:
+                self.logs = {}
+                if self.timer is not None:
+                    self.cuda.copy_logs(logs)  # start copying its CUDA scalars
+            else:
+                logs = None
+            if len(self.queue) < self.max_queue:
+                self.queue.append((rec, logs))
+            else:
+                self._not_kept()
+        self.step_samples = samples
+        self.step_tokens = tokens
+        self.step_number = step
+        return self
+
+    def log(self, **scalars: Any) -> None:
+        if self.logs:
+            self.logs.update(scalars)
+        else:  # the step's first log: its own dict becomes the step's (nothing copied)
+            self.logs = scalars
+
+    def __enter__(self) -> StepRecorder:
+        if self.step_no >= self._next_cuda_check:
+            self.check_cuda()
+        if self.extras and self.timer is not None:
+            self.pairs = []  # this step's GPU phase events
+        self.in_step = True
+        self.t0 = perf_counter_ns()
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        """End the step with the counts in ``step_samples``, ``step_tokens``, ``step_number``; a step
+        that raised is forgotten and the exception goes on to the loop."""
+        t1 = perf_counter_ns()
+        if et is not None:
+            self.abort()
+            if self.on_error is not None:
+                self.on_error(et, ev)
+            return
+        if not self.in_step:
+            return
+        if self.extras:
+            self._closing()
+        self.in_step = False
+        step = self.step_number
+        if step is None:
+            self.step_no = step = self.step_no + 1
+        else:  # the record keeps what it was given (the worker checks it); step_no follows an int64
+            self.step_no = step if isinstance(step, int) and INT64_MIN <= step <= INT64_MAX else self.step_no + 1
+        phases = self.phase_times
+        self.phase_times = ()
+        wait = None
+        if self.wait_known:
+            wait = self.wait_ns
+            self.wait_ns = 0
+        if self.extras:
+            self.last = (step, self.t0, t1, wait, self.step_samples, self.step_tokens, phases, *self._extras())
+        else:  # StepRecord's fields in its order
+            self.last = (step, self.t0, t1, wait, self.step_samples, self.step_tokens, phases, None, None, None, None)
+
+    def _not_kept(self) -> None:
+        """A step the queue could not take (the worker is more than ``max_queue`` behind)."""
+        self.not_kept += 1
+        if self.not_kept == 1:
+            # logged once, counted here: the Guard's lock, taken per step, would make the training
+            # thread wait for the worker whenever the worker holds it
+            self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; steps not kept")
+
+    # -- steps for integrations that cannot use ``with`` -------------------------------------------
     def begin(self, idle_since_ns: int = 0) -> None:
         """Start a step; ``idle_since_ns`` (``perf_counter_ns``) starts the data wait before it."""
         if idle_since_ns:
             self.add_data_wait(perf_counter_ns() - idle_since_ns)
+        self.prepare()
         self.__enter__()
 
     def end(self, samples: int | None = None, tokens: int | None = None, step: int | None = None) -> None:
         """End the step; ``step`` defaults to the previous step + 1."""
-        self.step_samples = samples
-        self.step_tokens = tokens
-        self.step_number = step
+        self.prepare(samples, tokens, step)
         self.__exit__(None, None, None)
 
-    # -- the hooks StepBase calls once ``extras`` is set --------------------------------------------
-    def _enter_extras(self) -> None:
-        """A step begins: a list for its GPU phase events."""
-        if self.timer is not None:
-            self.pairs = []
-
-    def _step_raised(self, et: type, ev: BaseException | None) -> None:
-        """The step raised (called whatever ``extras`` says): forget it, tell ``on_error``."""
-        self.abort()
-        if self.on_error is not None:
-            self.on_error(et, ev)
-
-    def _logs_handed(self, logs: dict[str, Any]) -> None:
-        """A step's logs were handed over: start copying its CUDA scalars."""
-        if self.timer is not None:
-            self.cuda.copy_logs(logs)
-
-    def _queue_full(self) -> None:
-        """The first step the queue could not take (called once; the rest are counted in ``not_kept``)."""
-        # logged once, counted in StepBase: the Guard's lock, taken per step, would make the training
-        # thread wait for the worker whenever the worker holds it
-        self.guard.report("queue_full", detail=f"more than {self.max_queue} steps waiting; steps not kept")
-
+    # -- what runs once ``extras`` is set ------------------------------------------------------------
     def _closing(self) -> None:
         """Before a step's record is made: close the phase ``enter_phase`` opened, run the step-end hooks."""
         if self.open_phase is not None:
@@ -394,22 +336,24 @@ class Recorder:
             except Exception as exc:
                 self.guard.report("step_end_hook", exc)
 
-    def _add_extras(self, rec: StepRecord) -> None:
-        """What integrations add to a step's record: communication, memory, GPU phase events."""
+    def _extras(self) -> tuple[list[GpuPair] | None, tuple[int, int, int, int] | None, int | None, int | None]:
+        """What integrations add to a step's record: GPU phase events, memory, communication."""
+        comm = inflight = memory = None
         if self.comm_known:
-            rec.comm_ns = self.comm_ns
+            comm = self.comm_ns
             self.comm_ns = 0
         if self.inflight_known:
-            rec.inflight_ns = self.inflight_ns
+            inflight = self.inflight_ns
             self.inflight_ns = 0
         if self.memory is not None:
             try:
-                rec.memory = self.memory.read()
+                memory = self.memory.read()
             except Exception as exc:
                 self.memory = None
                 self.guard.report("memory_stats", exc)
-        rec.gpu_pairs = self.pairs
+        pairs = self.pairs
         self.pairs = None
+        return pairs, memory, comm, inflight
 
     def add_point(self, point: Point) -> None:
         """Queue a point made on the training thread (an event), bounded like steps."""
@@ -427,7 +371,7 @@ class Recorder:
             if p.ev0 is not None:
                 self.cuda.release(p.ev0)
             p.ev0 = None
-        self.phase_times.clear()
+        self.phase_times = ()
         if self.pairs:
             self.cuda.drop(self.pairs)
         self.pairs = None
@@ -496,33 +440,20 @@ class Recorder:
         """Use CUDA once this process has initialised it: checked at the start, at step 16, then at
         intervals doubling up to every 1,024 steps (steps 32, 64, ..., 1024, 2048, 3072, ...).
 
-        Scripts initialise CUDA before or within their first steps, found by step 16 as before; a
-        check is a few cold interpreter frames (``torch.cuda.is_initialized()``), which every 16
-        steps cost a CPU run ~0.5 µs a step on a small VM."""
+        Scripts initialise CUDA before or within their first steps, found by step 16; a check is a
+        few cold interpreter frames (``torch.cuda.is_initialized()``), too many to pay every step."""
         self._next_cuda_check = self.step_no + min(max(16, self.step_no), 1024)
         if self.cuda.device is not None or self.cuda.detect():
             self._use_cuda()
 
-    def attach_cuda(self, torch: Any, device: int) -> None:
-        """Use CUDA device ``device`` of ``torch`` (detection does this by itself once CUDA is initialised)."""
-        self.cuda.attach(torch, device)
-        self._use_cuda()
-
     def _use_cuda(self) -> None:
-        self.extras = True
         self.timer = self.cuda.timer
         self.memory = self.cuda.memory
+        self.extras = True
         self._next_cuda_check = 1 << 62
         if self.timer is not None:
             for ph in self.phases.values():
                 ph.__class__ = GpuPhase  # the phases made so far record events too (the class's docstring)
-
-
-class StepRecorder(Recorder, StepBase):  # type: ignore[valid-type,misc]
-    """The state of the step in progress, on the training thread; finished steps go to ``queue``.
-
-    It is also the context manager ``run.step()`` returns: :data:`StepBase` (C where built) runs the
-    step, :class:`Recorder` what integrations and CUDA add."""
 
 
 def phase_name(name: str) -> str:

@@ -1,7 +1,7 @@
 """The run's background thread: queued step records become points, sent to the agent or recorded.
 
-It wakes every ``tick_s`` (1 s by default, and at once for ``finish()``): each wake-up costs it ~0.2 ms of
-CPU on a small VM whatever there is to do (the wake itself, cold caches, a send and a receive), so
+It wakes every ``tick_s`` (1 s by default, and at once for ``finish()``): each wake-up costs it
+CPU whatever there is to do (the wake itself, cold caches, a send and a receive), so
 with millisecond steps a longer tick is a smaller share per step, and the agent writes to the
 database once a second anyway. It drains the training thread's queue in
 slices of at most :data:`SLICE` records and talks to the agent between two slices, so a flood of
@@ -145,29 +145,19 @@ class Worker:
         now = time.monotonic()
         cuda_logs = self.steps.cuda.timer is not None  # only then can a logged value be a pending copy
         step_row = self.points.step_row
-        take = self.points.take
         offset = self._offset_ns
         shape: StepShape | None = None
         rows: list[tuple[int | float, ...]] = []
         budget = min(SLICE, len(q))
         while budget > 0:
-            got = take(q, budget, offset)  # the alike steps at the head, in one call (plans.RowPlan.take)
-            if got is not None:
-                row_shape, taken = got
-                if row_shape is not shape:
-                    self._send_rows(shape, rows, now)
-                    shape, rows = row_shape, taken
-                else:
-                    rows += taken
-                budget -= len(taken)
-                continue
             budget -= 1
             item = q.popleft()
-            if type(item) is StepRecord:
-                if item.gpu_pairs or (cuda_logs and _has_cuda_logs(item.logs)):
-                    pending.append((item, now))
+            if type(item) is tuple:  # a step (StepRecorder.prepare); anything else is a point
+                rec = StepRecord.queued(item)
+                if rec.gpu_pairs or (cuda_logs and _has_cuda_logs(rec.logs)):
+                    pending.append((rec, now))
                     continue
-                row_shape, row = step_row(item, offset, None)
+                row_shape, row = step_row(rec, offset, None)
                 if row_shape is not shape:  # rows of one shape go together
                     self._send_rows(shape, rows, now)
                     shape, rows = row_shape, []

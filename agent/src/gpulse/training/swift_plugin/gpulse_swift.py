@@ -5,6 +5,6 @@ It lives alone in its directory because ms-swift inserts the plugin's directory 
 ``lightning`` or ``swift`` itself.
 """
 
-from gpulse.training.integrations.swift import register
+from gpulse.training.swift import register
 
 register()

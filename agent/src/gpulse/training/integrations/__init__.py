@@ -1,1 +1,0 @@
-"""Framework integrations: Hugging Face ``Trainer`` (and ms-swift), PyTorch Lightning."""
