@@ -341,7 +341,9 @@ def many(
     markers: Sequence[float] = (),
     y_max: float | None = None,
 ) -> list[str]:
-    """Up to :data:`MAX_LINES` series as lines; more as a percentile band and a heat strip."""
+    """Up to :data:`MAX_LINES` series as lines; more as a percentile band and a heat strip; none: no chart."""
+    if not series:
+        return []
     if len(series) <= MAX_LINES:
         return [line_chart(title, series, x_label, y_label, legend=legend, events=events, markers=markers, y_max=y_max)]
     return [
