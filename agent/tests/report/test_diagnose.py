@@ -106,21 +106,27 @@ def test_throttling_evidence_names_gpus_as_the_tables_do_the_worst_first_and_the
 def test_a_gpu_event_of_the_run_is_a_finding_and_stands_beside_the_finding_it_may_explain():
     """``make demo`` announced XID 31 on GPU 6, and no run report mentioned it."""
     gpu = make_gpu(util=(90.0, 10.0))
-    xid = {"time": T0 + 12 * S, "host": "node1", "gpu": "1", "uuid": "GPU-1", "model": "Sim", "kind": "xid",
-           "xid": 31, "data": 31, "text": "GPU memory page fault"}  # fmt: skip
+    xid = {
+        "time": T0 + 12 * S,
+        "host": "node1",
+        "gpu": "1",
+        "uuid": "GPU-1",
+        "model": "Sim",
+        "kind": "xid",
+        "xid": 31,
+        "data": 31,
+        "text": "XID 31: MMU fault",
+    }  # fmt: skip  (the agent's words: sources/nvml/events.describe)
     r = build_report(make_steps(), gpu, [], [], gpu_events=[xid])
     errors = next(f for f in r.diagnosis if f.id == "gpu_errors")
-    assert (
-        errors.evidence.startswith("GPU 1 (GPU-1): XID 31 (GPU memory page fault) ")
-        and "s into the run" in errors.evidence
-    )
+    assert errors.evidence.startswith("GPU 1 (GPU-1): XID 31: MMU fault, ") and "s into the run" in errors.evidence
     starved = next(f for f in r.diagnosis if f.id == "gpu_starved")
     assert starved.evidence.startswith("GPU 1 (GPU-1): busy 10%")
-    assert "Meanwhile GPU 1 (GPU-1): XID 31 (GPU memory page fault)" in starved.evidence
+    assert "Meanwhile GPU 1 (GPU-1): XID 31: MMU fault, 12 s into the run" in starved.evidence
     assert starved.evidence.endswith("it may explain this.") and starved.data["gpu_events"] == 1
     assert [(e.gpu, e.xid) for e in r.gpu_events] == [("1", 31)] and r.sources.gpu_event == 1
     text = render_text(r)
-    assert "GPU EVENTS (XID, ECC, lost): 1\n  node1 GPU 1: XID 31 (GPU memory page fault)" in text
+    assert "GPU EVENTS (XID, ECC, lost): 1\n  node1 GPU 1: XID 31: MMU fault\n" in text
     page = render_html(r, make_steps(), gpu, [])
     assert "GPU events (1)</h2>" in page and ">XID 31 GPU 1</text>" in page  # the table, and on the GPU chart
     quiet = build_report(make_steps(), gpu, [], [])

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from gpulse.report.records import Finding, GpuEvent, GpuSummary, NodeReport, RunReport
+from gpulse.report.units import duration
 
 
 class ThresholdError(ValueError):
@@ -178,10 +179,10 @@ def _gpu_name(r: RunReport | NodeReport, uuid: str | None, host: str | None = No
 
 
 def _event_text(r: RunReport, e: GpuEvent) -> str:
-    """``GPU 6 (GPU-…): XID 31 (text) 130 s into the run``."""
-    text = f"{_gpu_name(r, e.uuid, e.host, e.gpu)}: {e.what()}" + (f" ({e.text})" if e.text else "")
+    """``GPU 6 (GPU-…): XID 31: text, 2 min 10 s into the run``."""
+    text = f"{_gpu_name(r, e.uuid, e.host, e.gpu)}: {e.describe()}"
     if e.time_ns is not None and r.start_time_ns is not None:
-        text += f" {max(0, e.time_ns - r.start_time_ns) / 1e9:.0f} s into the run"
+        text += f", {duration(max(0, e.time_ns - r.start_time_ns) / 1e9)} into the run"
     return text
 
 
@@ -470,7 +471,11 @@ def _beside(r: RunReport, f: Finding) -> None:
     ours = {g.uuid for g in r.per_gpu if g.uuid and (g.key in keys or g.uuid in keys)}
     events = [e for e in r.gpu_events if e.uuid in ours]
     if events:
-        f.evidence += " Meanwhile " + "; ".join(_event_text(r, e) for e in events[:EVIDENCE_EVENTS])
+        f.evidence += (
+            ("" if f.evidence.endswith(".") else ".")
+            + " Meanwhile "
+            + "; ".join(_event_text(r, e) for e in events[:EVIDENCE_EVENTS])
+        )
         f.evidence += f"{'; and more' if len(events) > EVIDENCE_EVENTS else ''}: it may explain this."
         f.data["gpu_events"] = len(events)
 

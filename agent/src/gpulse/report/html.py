@@ -421,7 +421,7 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
         ("allocator retries", units.number(report.alloc_retries)),
     ]  # fmt: skip
     charts = [
-        *_gpu_charts(gpu, clock, [*marks, *_event_marks(report.gpu_events, clock)], markers),
+        *_gpu_charts(gpu, clock, [*_event_marks(report.gpu_events, clock), *marks], markers),
         _phase_chart(steps, report.phases_s),
         _throughput_chart(steps, clock, marks),
         *_memory_charts(steps),

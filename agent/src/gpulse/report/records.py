@@ -170,6 +170,12 @@ class GpuEvent:
         """``XID 31``, else the kind (``ecc_double_bit``, ``gpu_lost``, ...)."""
         return f"XID {self.xid}" if self.kind == "xid" and self.xid else (self.kind or "event")
 
+    def describe(self) -> str:
+        """The event in words: its text where that names it (``XID 31: ...`` from the agent), else ``XID 31 (text)``."""
+        if not self.text:
+            return self.what()
+        return self.text if self.what() in self.text else f"{self.what()} ({self.text})"
+
 
 @dataclass
 class Sources:

@@ -96,7 +96,7 @@ def render_text(r: RunReport) -> str:
 
 
 def _event(e: GpuEvent) -> str:
-    return f"  {e.host or '?'} GPU {e.gpu}: {e.what()}" + (f" ({e.text})" if e.text else "")
+    return f"  {e.host or '?'} GPU {e.gpu}: {e.describe()}"
 
 
 def _events(events: list[GpuEvent], heading: str = "EVENTS") -> list[str]:
