@@ -105,12 +105,17 @@ def _node_report(work: Path) -> dict[str, Any]:
     agent = gpulse_cmd("agent", "--simulate", "8", "--record", "node.lp", "--duration", "4", "--no-socket",
                        "--spool-dir", str(work / "spool"))  # fmt: skip
     subprocess.run(agent, env=env, cwd=work, capture_output=True, text=True, timeout=120, check=True)
+    return {"n": 8, **_report_of(work, env, "node.lp", "node_report.html", "node-report-8-gpus")}
+
+
+def _report_of(work: Path, env: dict[str, str], recording: str, page: str, name: str) -> dict[str, Any]:
+    """``gpulse report --from-file recording --html``, its page measured."""
     out = subprocess.run(
-        gpulse_cmd("report", "--from-file", "node.lp", "--html", "--out", "node"),
+        gpulse_cmd("report", "--from-file", recording, "--html", "--out", name),
         env=env, cwd=work, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    return {"n": 8, **_measure(work / "node" / "node_report.html", work, "node-report-8-gpus")}
+    return _measure(work / name / page, work, name)
 
 
 def _cpu_only_report(work: Path) -> dict[str, Any]:
@@ -129,12 +134,7 @@ def _cpu_only_report(work: Path) -> dict[str, Any]:
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0
-    out = subprocess.run(
-        gpulse_cmd("report", "--from-file", "cpu.lp", "--html", "--out", "cpu"),
-        env=env, cwd=work, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    return {"n": 1, **_measure(work / "cpu" / "metrics_report.html", work, "report-cpu-only-run")}
+    return {"n": 1, **_report_of(work, env, "cpu.lp", "metrics_report.html", "report-cpu-only-run")}
 
 
 _PAGES: dict[str, dict[str, Any]] = {}
