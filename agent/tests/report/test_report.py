@@ -179,10 +179,11 @@ def test_html_report_is_one_self_contained_file_with_the_diagnosis_before_the_pl
     assert {"rank_imbalance", "gpu_imbalance", "throttling"} <= {f.id for f in r.diagnosis}
 
 
-def _write_recording(path: Path, steps, gpu, runs=(), gpu_events=()) -> None:
+def _write_recording(path: Path, steps, gpu, runs=(), gpu_events=(), gpu_process=()) -> None:
     enc = Encoder()
     lines = []
-    for m, rows in (("train_step", steps), ("gpu", gpu), ("train_run", runs), ("gpu_event", gpu_events)):
+    measurements = (("train_step", steps), ("gpu", gpu), ("train_run", runs), ("gpu_event", gpu_events))
+    for m, rows in (*measurements, ("gpu_process", gpu_process)):
         tag_keys = ("run", "rank", "local_rank", "world_size", "host", "gpu", "uuid", "model")
         for row in rows:
             tags = {

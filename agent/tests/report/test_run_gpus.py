@@ -23,7 +23,7 @@ from agentproc import AgentProc
 from support.fixtures import gpulse_cmd
 from support.waiting import wait_until
 from test_diagnose import SlowDataset, train
-from test_report import T0, S, make_steps
+from test_report import T0, S, _write_recording, make_steps
 
 from gpulse.report.load import load_files
 from gpulse.report.model import build_report
@@ -130,3 +130,19 @@ def test_a_gpu_is_the_runs_when_nvml_lists_a_rank_pid_on_it_or_the_rank_reports_
     assert credited(_run_points(pid, gpus=uuid[1])) == sorted([uuid[1], uuid[2]])  # and the device it reports
     assert credited(_run_points(4242)) == []  # a pid on no GPU: a CPU-only run
     assert credited(_run_points(pid, host="node2"), "node2") == []  # the same pid on another host is not ours
+
+
+def test_the_report_from_influxdb_credits_the_gpu_nvml_lists_the_rank_pid_on_as_the_recording_does(
+    influxdb, clean_env, tmp_path
+):
+    pid = 31337
+    rows = _simulated_gpu_rows(4, pid_base=pid - 2, t0=T0 - 10 * S, seconds=30)
+    steps = [{**r, "run": "r1"} for r in make_steps(ranks=1, n=20, step_s=0.2)]
+    rec = tmp_path / "rec.lp"
+    _write_recording(rec, steps, rows["gpu"], _run_points(pid), gpu_process=rows["gpu_process"])
+    influxdb.write(rec.read_text())
+    from_db = _report(["--run", "r1", "--url", influxdb.url, "--api", "v1", "--bucket", "gpulse"], clean_env,
+                      tmp_path / "db")  # fmt: skip
+    from_file = _report(["--run", "r1", "--from-file", str(rec)], clean_env, tmp_path / "file")
+    assert [g["gpu"] for g in from_db["per_gpu"]] == ["2"] and from_db["gpu_avg_utilization_percent"] is not None
+    assert from_db == from_file
