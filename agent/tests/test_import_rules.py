@@ -96,7 +96,7 @@ EXCEPTIONS = {
 
 #: What the training process may load, transitively: its own modules, the channel contract and the
 #: leaves it stands on, and the report model of the exception above with what that needs
-#: (``report.diagnose`` and ``report.records``, standard-library modules).
+#: (``report.diagnose``, ``report.records`` and ``report.units``, standard-library modules).
 TRAINING_CLOSURE = (
     "gpulse.training",
     "gpulse.channel",
@@ -105,6 +105,7 @@ TRAINING_CLOSURE = (
     "gpulse.report.model",
     "gpulse.report.diagnose",
     "gpulse.report.records",
+    "gpulse.report.units",
 )
 
 

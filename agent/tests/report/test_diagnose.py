@@ -12,8 +12,13 @@ import torch
 from test_report import make_gpu, make_steps
 
 from gpulse.report import diagnose as dx
+from gpulse.report.html import render_html
 from gpulse.report.model import build_report
 from gpulse.report.records import RunReport
+from gpulse.report.text import render_text
+from gpulse.sources.simulated import SimulatedSource
+
+T0, S = 1_700_000_000_000_000_000, 10**9
 
 
 @pytest.fixture(autouse=True)
@@ -62,9 +67,74 @@ def test_a_gpu_busy_less_than_30_percent_is_starved_whatever_its_memory_and_the_
     for row in gpu:
         row["mem_used_bytes"] = 32 * 2**30  # 40 % of 80 GiB
     finding = next(f for f in build_report(make_steps(), gpu, [], []).diagnosis if f.id == "gpu_starved")
-    assert finding.evidence == "GPU-0: busy 10%, memory 40% full"  # the 35 % GPU is not starved
+    assert finding.evidence == "GPU 0 (GPU-0): busy 10%, memory 40% full"  # the 35 % GPU is not starved
     assert finding.threshold == "util < 30%" and finding.data["gpus"] == ["GPU-0"]
     assert "gpu_starved" not in ids(build_report(make_steps(), make_gpu(util=(30.0, 35.0)), [], []))
+
+
+def _eight_gpus(throttled_every: dict[int, int]) -> list[dict]:
+    """30 samples of 8 GPUs with the simulated source's uuids; GPU g throttled every n-th sample."""
+    uuids = [g.uuid for g in SimulatedSource(8).open()]
+    rows = []
+    for g in range(8):
+        every = throttled_every.get(g, 0)
+        for row in make_gpu(gpus=1):
+            rows.append(
+                {
+                    **row,
+                    "gpu": str(g),
+                    "uuid": uuids[g],
+                    "throttled": int(bool(every) and row["time"] // S % every == 0),
+                }
+            )
+    return rows
+
+
+def test_throttling_evidence_names_gpus_as_the_tables_do_the_worst_first_and_the_rest_in_short():
+    """The user's case: a paragraph of eight uuids, while the tables said "GPU 3"."""
+    gpu = _eight_gpus({3: 2, 5: 3, 0: 4, 1: 5, 2: 5, 4: 5, 6: 5, 7: 5})
+    r = build_report(make_steps(), gpu, [], [])
+    finding = next(f for f in r.diagnosis if f.id == "throttling")
+    uuid = {g.gpu: g.uuid for g in r.per_gpu}
+    assert finding.evidence.startswith(f"GPU 3 ({uuid['3'][:8]}…): throttled 50.0% of the time; GPU 5 (")
+    assert finding.evidence.count("throttled") == dx.EVIDENCE_GPUS  # the worst three in full
+    assert finding.evidence.endswith("; also GPU 1, GPU 2, GPU 4, GPU 6, GPU 7 (each in the finding's data)")
+    assert not any(u in finding.evidence for u in uuid.values())  # no full uuid to read through
+    assert sorted(finding.data["gpus"]) == sorted(uuid.values())  # every GPU for tools
+
+
+def test_a_gpu_event_of_the_run_is_a_finding_and_stands_beside_the_finding_it_may_explain():
+    """``make demo`` announced XID 31 on GPU 6, and no run report mentioned it."""
+    gpu = make_gpu(util=(90.0, 10.0))
+    xid = {
+        "time": T0 + 12 * S,
+        "host": "node1",
+        "gpu": "1",
+        "uuid": "GPU-1",
+        "model": "Sim",
+        "kind": "xid",
+        "xid": 31,
+        "data": 31,
+        "text": "XID 31: MMU fault",
+    }  # fmt: skip  (the agent's words: sources/nvml/events.describe)
+    r = build_report(make_steps(), gpu, [], [], gpu_events=[xid])
+    errors = next(f for f in r.diagnosis if f.id == "gpu_errors")
+    assert errors.evidence.startswith("GPU 1 (GPU-1): XID 31: MMU fault, ") and "s into the run" in errors.evidence
+    starved = next(f for f in r.diagnosis if f.id == "gpu_starved")
+    assert starved.evidence.startswith("GPU 1 (GPU-1): busy 10%")
+    assert "Meanwhile GPU 1 (GPU-1): XID 31: MMU fault, 12 s into the run" in starved.evidence
+    assert starved.evidence.endswith("it may explain this.") and starved.data["gpu_events"] == 1
+    assert [(e.gpu, e.xid) for e in r.gpu_events] == [("1", 31)] and r.sources.gpu_event == 1
+    text = render_text(r)
+    assert "GPU EVENTS (XID, ECC, lost): 1\n  node1 GPU 1: XID 31: MMU fault\n" in text
+    page = render_html(r, make_steps(), gpu, [])
+    assert "GPU events (1)</h2>" in page and ">XID 31 GPU 1</text>" in page  # the table, and on the GPU chart
+    quiet = build_report(make_steps(), gpu, [], [])
+    assert (
+        "gpu_errors" not in ids(quiet)
+        and "GPU EVENTS" not in render_text(quiet)
+        and "GPU events (" not in render_html(quiet, make_steps(), gpu, [])
+    )
 
 
 def test_launch_bound_needs_high_util_with_low_sm_activity_and_is_skipped_without_gpm():
@@ -183,7 +253,8 @@ class SlowDataset(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-def train(out: Path, loader, steps: int, hidden: int = 256) -> dict:
+def train(out: Path, loader, steps: int, hidden: int = 256, socket_path: Path | None = None) -> dict:
+    """A real loop of ``steps`` steps on the CPU; its ``metrics_report.json`` (no agent unless ``socket_path``)."""
     from gpulse.training import Run
 
     torch.manual_seed(0)
@@ -195,7 +266,7 @@ def train(out: Path, loader, steps: int, hidden: int = 256) -> dict:
         torch.nn.Linear(hidden, 1),
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    run = Run(name="diag", output_dir=out, socket_path=str(out / "no-agent.sock"), ack_timeout=0.5)
+    run = Run(name="diag", output_dir=out, socket_path=str(socket_path or out / "no-agent.sock"), ack_timeout=0.5)
     n = 0
     for x, y in run.wrap_loader(loader):
         with run.step(samples=len(x)):

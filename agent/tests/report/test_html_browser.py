@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from support.chromium import SCALE, WIDTH, count_colors, layout, png_size, rgb, screenshot
 from support.fixtures import gpulse_cmd
+from support.waiting import wait_until
 
 from gpulse.report.svg import MAX_LINES
 
@@ -103,12 +105,36 @@ def _node_report(work: Path) -> dict[str, Any]:
     agent = gpulse_cmd("agent", "--simulate", "8", "--record", "node.lp", "--duration", "4", "--no-socket",
                        "--spool-dir", str(work / "spool"))  # fmt: skip
     subprocess.run(agent, env=env, cwd=work, capture_output=True, text=True, timeout=120, check=True)
+    return {"n": 8, **_report_of(work, env, "node.lp", "node_report.html", "node-report-8-gpus")}
+
+
+def _report_of(work: Path, env: dict[str, str], recording: str, page: str, name: str) -> dict[str, Any]:
+    """``gpulse report --from-file recording --html``, its page measured."""
     out = subprocess.run(
-        gpulse_cmd("report", "--from-file", "node.lp", "--html", "--out", "node"),
+        gpulse_cmd("report", "--from-file", recording, "--html", "--out", name),
         env=env, cwd=work, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    return {"n": 8, **_measure(work / "node" / "node_report.html", work, "node-report-8-gpus")}
+    return _measure(work / name / page, work, name)
+
+
+def _cpu_only_report(work: Path) -> dict[str, Any]:
+    """A CPU-only training run beside an agent with 8 simulated GPUs: its report from the agent's recording."""
+    from test_diagnose import SlowDataset, train
+
+    env = {**_env(), "XDG_RUNTIME_DIR": str(work)}
+    sock = work / "agent.sock"
+    agent = gpulse_cmd("agent", "--simulate", "8", "--interval", "0.2", "--record", "cpu.lp", "--socket", str(sock),
+                       "--spool-dir", str(work / "spool"), "--self-metrics-interval", "60")  # fmt: skip
+    proc = subprocess.Popen(agent, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: sock.exists() or proc.poll() is not None, 30, "the agent's socket")
+        train(work / "run", torch.utils.data.DataLoader(SlowDataset(240, 0.002), batch_size=8), 30, 64, sock)
+        os.environ.pop("GPULSE_RUN_ID", None)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    return {"n": 1, **_report_of(work, env, "cpu.lp", "metrics_report.html", "report-cpu-only-run")}
 
 
 _PAGES: dict[str, dict[str, Any]] = {}
@@ -118,13 +144,18 @@ def _page(name: str, factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Each page is built and measured once per session, whichever test asks first."""
     if name not in _PAGES:
         work = factory.mktemp(f"html-{name}")
-        _PAGES[name] = _node_report(work) if name == "node" else _run_report(int(name.split("-")[0]), work)
+        if name == "node":
+            _PAGES[name] = _node_report(work)
+        elif name == "cpu-only":
+            _PAGES[name] = _cpu_only_report(work)
+        else:
+            _PAGES[name] = _run_report(int(name.split("-")[0]), work)
     return _PAGES[name]
 
 
-@pytest.fixture(params=["8-gpus", "64-gpus", "node"])
+@pytest.fixture(params=["8-gpus", "64-gpus", "node", "cpu-only"])
 def page(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every page: the run reports for 8 and 64 GPUs, and a node report."""
+    """Every page: the run reports for 8 and 64 GPUs, a node report, a CPU-only run's report."""
     return _page(request.param, tmp_path_factory)
 
 
@@ -149,6 +180,26 @@ def test_the_node_report_draws_each_gpu_in_each_plot(node_page: dict[str, Any]) 
     ]  # fmt: skip
     for chart in charts:
         assert {s["label"] for s in chart["series"]} == {f"GPU {i}" for i in range(8)}, chart["label"]
+
+
+def test_no_plot_is_empty_and_a_cpu_only_run_has_no_gpu_plot(page: dict[str, Any], tmp_path_factory) -> None:
+    """The user's case: an empty "GPU memory used" chart above "No GPU samples for this run"."""
+    for chart in page["layout"]["charts"]:
+        if chart["kind"] != "band":  # a band is drawn as areas, not series
+            assert chart["series"], f"{chart['label']}: an empty plot"
+    if page["n"] == 1:
+        cpu = page["layout"]["charts"]
+        assert cpu and not [c["label"] for c in cpu if "GPU" in c["label"]]
+        assert "No GPU samples for this run" in page["html"] and "<h2>Per GPU</h2>" not in page["html"]
+
+
+def test_the_demo_run_report_shows_the_xid_of_its_gpu(run_page: dict[str, Any]) -> None:
+    """``make demo`` announces "XID 31 on GPU 6": its run report says so, in the diagnosis, on the plot, in a table."""
+    html = run_page["html"]
+    assert "[gpu_errors]" in html and "GPU 6 (GPU-" in html and "GPU memory page fault (XID 31)" in html
+    assert ">XID 31 GPU 6</text>" in html and "GPU events (1)</h2>" in html
+    util = _chart(run_page, "GPU utilisation")
+    assert util and util[0]["events"]  # its label is laid out on the utilisation plot
 
 
 def test_the_screenshot_is_the_whole_page_and_nothing_is_wider_than_it(page: dict[str, Any]) -> None:

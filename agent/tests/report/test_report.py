@@ -179,10 +179,11 @@ def test_html_report_is_one_self_contained_file_with_the_diagnosis_before_the_pl
     assert {"rank_imbalance", "gpu_imbalance", "throttling"} <= {f.id for f in r.diagnosis}
 
 
-def _write_recording(path: Path, steps, gpu, runs=()) -> None:
+def _write_recording(path: Path, steps, gpu, runs=(), gpu_events=(), gpu_process=()) -> None:
     enc = Encoder()
     lines = []
-    for m, rows in (("train_step", steps), ("gpu", gpu), ("train_run", runs)):
+    measurements = (("train_step", steps), ("gpu", gpu), ("train_run", runs), ("gpu_event", gpu_events))
+    for m, rows in (*measurements, ("gpu_process", gpu_process)):
         tag_keys = ("run", "rank", "local_rank", "world_size", "host", "gpu", "uuid", "model")
         for row in rows:
             tags = {
@@ -231,13 +232,28 @@ def test_gpulse_report_names_the_runs_when_a_file_holds_several_and_rejects_unkn
 
 
 def test_gpulse_report_from_influxdb_equals_the_report_from_the_same_points_in_a_file(tmp_path, clean_env, influxdb):
-    """GPU samples without a run tag are found by host and time window; other hosts' GPUs are left out."""
+    """GPU samples without a run tag are those of the devices the run's ranks report, over the run's
+    window; other GPUs (here another host's) are not the run's, nor their events."""
     rec = tmp_path / "rec.lp"
     gpu = [{k: v for k, v in row.items() if k != "run"} for row in make_gpu()]
-    other = make_gpu(host="node2", util=(5.0, 5.0))
-    runs = [{"time": T0, "run": "r1", "rank": "0", "host": "node1", "event": "start", "status": "running"}]
+    other = [{**r, "uuid": f"GPU-n2-{r['gpu']}"} for r in make_gpu(host="node2", util=(5.0, 5.0))]
+    runs = [{"time": T0, "run": "r1", "rank": "0", "host": "node1", "event": "start", "status": "running",
+             "gpus": "GPU-0,GPU-1"}]  # fmt: skip
+    xids = [
+        {
+            "time": T0 + 2 * S,
+            "host": h,
+            "gpu": "1",
+            "uuid": u,
+            "model": "Sim",
+            "kind": "xid",
+            "xid": 31,
+            "text": "fault",
+        }
+        for h, u in (("node1", "GPU-1"), ("node2", "GPU-n2-1"))
+    ]
     _write_recording(
-        rec, make_steps(wait_s=0.05), gpu + [{k: v for k, v in r.items() if k != "run"} for r in other], runs
+        rec, make_steps(wait_s=0.05), gpu + [{k: v for k, v in r.items() if k != "run"} for r in other], runs, xids
     )
     influxdb.write(rec.read_text())
     out_db, out_file = tmp_path / "db", tmp_path / "file"
@@ -252,6 +268,7 @@ def test_gpulse_report_from_influxdb_equals_the_report_from_the_same_points_in_a
     b = json.loads((out_file / "metrics_report.json").read_text())
     assert a == b
     assert a["gpu_avg_utilization_percent"] == 90.0 and {g["host"] for g in a["per_gpu"]} == {"node1"}
+    assert [(e["host"], e["uuid"], e["xid"]) for e in a["gpu_events"]] == [("node1", "GPU-1", 31)]
     res = subprocess.run(
         gpulse_cmd("report", *conn, "--out", str(tmp_path / "picked")),
         env=clean_env,

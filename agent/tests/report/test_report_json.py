@@ -27,6 +27,10 @@ ADDED_KEYS: set[str] = {
     "per_rank[].communication_in_flight_ratio",
     "per_rank[].wait_for_slower_ranks_s",
     "per_rank[].median_busy_time_s",
+    # issue 27: the GPU events of the run's GPUs (XID, ECC, lost)
+    "gpu_events",
+    *(f"gpu_events[].{k}" for k in ("time_ns", "host", "gpu", "kind", "xid", "text", "uuid")),
+    "sources.gpu_event",
 }
 #: keys whose values are open-ended maps: their own keys are data, not field names
 OPEN_MAPS = ("phases_s", "throttle_reasons", "data")
@@ -179,13 +183,15 @@ def seed_input() -> tuple[list[dict[str, Any]], ...]:
 
 
 def test_the_json_has_exactly_seed_000_s_keys_plus_the_ones_added_on_purpose() -> None:
-    report = build_report(*seed_input())
+    xid = {"time": T0 + 3 * S, "host": "node1", "gpu": "1", "uuid": "GPU-1", "kind": "xid", "xid": 31, "text": "fault"}
+    report = build_report(*seed_input(), gpu_events=[xid])
     doc = json.loads(json.dumps(report.to_json(), default=str))  # what json.dump writes to the file
     keys = key_paths(doc)
     assert sorted(keys - ADDED_KEYS) == sorted(SEED_KEYS)
     assert ADDED_KEYS <= keys
     # every rule of the diagnosis fired or said why not: the input reaches every field above
     assert {f["id"] for f in doc["diagnosis"]} == {
+        "gpu_errors",
         "communication",
         "gpu_starved",
         "gpu_imbalance",

@@ -45,12 +45,21 @@ energy and throttling, the GPU events (XID, ECC, lost), and the rules that need 
 | `energy_kwh`, `energy_j_per_step` | from the GPU energy counters (else power × time) |
 | `throttle_time_ratio`, `throttle_time_s` | worst GPU: share / seconds of samples with clocks held back |
 | `per_gpu`, `per_rank` | the spread: one entry per GPU and per rank (`slowdown_vs_median` per rank) |
+| `gpu_events` | XID, ECC and GPU-lost events of the run's GPUs during the run |
 | `hints` | what a distributed run did not measure, and the call that measures it |
 | `diagnosis` | findings: `id`, `title`, `evidence` (numbers), `threshold`, `action` |
 | `not_evaluated` | checks skipped for lack of data (e.g. no GPU samples) |
 
-GPU samples of a run are the `gpu` points tagged `run=<id>` (the agent tags the GPUs a run
-registered), else the GPUs of the run's hosts during the run's time window.
+A GPU is a run's only when one of its ranks uses it: the `gpu` points tagged `run=<id>` (the agent
+tags the GPUs a run registered), else, over the run's time window, the GPUs its ranks report
+(`train_run.gpus`) and those NVML lists one of its processes on (`gpu_process.pid` equal to a
+rank's `train_run.pid`, same host; PIDs as the host sees them, so a rank in a container is found by
+the devices it reports). A CPU-only run is credited no GPU, whatever the agent beside it samples:
+its GPU figures are empty, as in the `metrics_report.json` the training process writes.
+`gpu_events` lists the XID, ECC and GPU-lost events of the run's GPUs during the run; the
+`gpu_errors` finding names them, and a finding about a GPU that logged one says so.
+Findings name a GPU as the tables do, with the start of its uuid: `GPU 3 (GPU-1d0b…)`, the worst
+first, the others by name only (every one is in the finding's `data`).
 
 The HTML report plots every GPU and every rank: up to 16 as one line each, more as a heat strip
 (one row per GPU or rank, colour = value) with the median and the 10th-90th percentile band.

@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-from gpulse.report.records import Finding, GpuSummary, NodeReport, RunReport
+from gpulse.report.records import Finding, GpuEvent, GpuSummary, NodeReport, RunReport
+from gpulse.report.units import duration
 
 
 class ThresholdError(ValueError):
@@ -158,28 +159,82 @@ def _pct(v: float) -> str:
     return f"{100 * v:.1f}%"
 
 
-#: GPUs named one by one in a finding's evidence; the rest are counted (all are in its data).
-EVIDENCE_GPUS = 8
+#: GPUs named one by one in a finding's evidence, the worst first; the rest are named in short.
+EVIDENCE_GPUS = 3
+#: GPUs of the rest named by index; beyond that they are only counted (all are in the data).
+EVIDENCE_REST = 12
+
+
+#: GPU events named in a finding's evidence (all are in the report's ``gpu_events``).
+EVIDENCE_EVENTS = 5
+
+
+def _gpu_name(r: RunReport | NodeReport, uuid: str | None, host: str | None = None, index: str | None = None) -> str:
+    """A GPU as the evidence names it (``GPU 3 (GPU-1d0b…)``), from its uuid, else its host and index."""
+    hosts = _many_hosts(r)
+    for g in r.per_gpu:
+        if (uuid and g.uuid == uuid) or (not uuid and g.host == host and g.gpu == index):
+            return g.name(hosts)
+    return f"{host} GPU {index}" if hosts else f"GPU {index}"
+
+
+def _event_text(r: RunReport, e: GpuEvent) -> str:
+    """``GPU 6 (GPU-…): XID 31: text, 2 min 10 s into the run``."""
+    text = f"{_gpu_name(r, e.uuid, e.host, e.gpu)}: {e.describe()}"
+    if e.time_ns is not None and r.start_time_ns is not None:
+        text += f", {duration(max(0, e.time_ns - r.start_time_ns) / 1e9)} into the run"
+    return text
+
+
+def _many_hosts(r: RunReport | NodeReport) -> bool:
+    return len({g.host for g in r.per_gpu}) > 1
 
 
 def _gpus_hit(
+    r: RunReport | NodeReport,
     gpus: Sequence[GpuSummary],
     text: Callable[[GpuSummary], str],
     worst_first: Callable[[GpuSummary], float],
     threshold: str,
     **data: Any,
 ) -> Outcome:
-    """The finding for the GPUs a rule picked (none: nothing found): ``key: text`` for the
-    :data:`EVIDENCE_GPUS` worst (lowest ``worst_first`` first), a count of the rest, every key in the data."""
+    """The finding for the GPUs a rule picked (none: nothing found), readable at a glance: the
+    :data:`EVIDENCE_GPUS` worst (lowest ``worst_first`` first) as ``GPU 3 (GPU-1d0b…): text``, the
+    others by name only, every key in the data."""
     if not gpus:
         return None
-    shown = "; ".join(f"{g.key}: {text(g)}" for g in sorted(gpus, key=worst_first)[:EVIDENCE_GPUS])
-    rest = len(gpus) - EVIDENCE_GPUS
-    evidence = shown + (f"; and {rest} more GPU(s) (all of them in the finding's data)" if rest > 0 else "")
+    hosts = _many_hosts(r)
+    ranked = sorted(gpus, key=worst_first)
+    evidence = "; ".join(f"{g.name(hosts)}: {text(g)}" for g in ranked[:EVIDENCE_GPUS])
+    rest = sorted(ranked[EVIDENCE_GPUS:], key=GpuSummary.order)
+    if rest:
+        names = ", ".join(g.label(hosts) for g in rest[:EVIDENCE_REST])
+        more = f" and {len(rest) - EVIDENCE_REST} more" if len(rest) > EVIDENCE_REST else ""
+        evidence += f"; also {names}{more} (each in the finding's data)"
     return Hit(evidence, threshold, {"gpus": [g.key for g in gpus], **data})
 
 
 # -- the rules, in the order their findings are listed -------------------------------------------------
+@rule(
+    "gpu_errors",
+    "A GPU of the run reported errors (XID, ECC, lost)",
+    thresholds=(),
+    action="Look each XID up in NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors): some come from the "
+    "application (e.g. XID 31, a GPU memory fault), others from the GPU or driver (e.g. 48 or 94/95 ECC, 79 fell off "
+    "the bus); check the kernel log (dmesg) and nvidia-smi -q on that node, and drain it if the errors repeat.",
+)
+def gpu_errors(r: RunReport, t: Thresholds) -> Outcome:
+    if not r.gpu_events:
+        return None
+    shown = "; ".join(_event_text(r, e) for e in r.gpu_events[:EVIDENCE_EVENTS])
+    rest = len(r.gpu_events) - EVIDENCE_EVENTS
+    return Hit(
+        shown + (f"; and {rest} more (all in gpu_events)" if rest > 0 else ""),
+        "any gpu_event on the run's GPUs during the run",
+        {"events": len(r.gpu_events)},
+    )
+
+
 @rule(
     "data_loading",
     "Input pipeline bottleneck: training waits for data",
@@ -241,6 +296,7 @@ def gpu_starved(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
         g for g in r.per_gpu if g.avg_utilization_percent is not None and g.avg_utilization_percent < t.starved_util_pct
     ]
     return _gpus_hit(
+        r,
         idle,
         lambda g: (
             f"busy {g.avg_utilization_percent:.0f}%, memory "
@@ -265,6 +321,7 @@ def launch_bound(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
     if not with_sm:
         return NotEvaluated("no SM activity (GPM needs Hopper or later)")
     return _gpus_hit(
+        r,
         [
             g
             for g in with_sm
@@ -294,6 +351,7 @@ def gpu_imbalance(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
     if med < t.imbalance_min_util_pct:
         return None
     return _gpus_hit(
+        r,
         [g for g, u in busy if u * t.imbalance_factor < med],
         lambda g: f"busy {g.avg_utilization_percent:.0f}% vs median {med:.0f}%",
         lambda g: g.avg_utilization_percent or 0,
@@ -318,7 +376,7 @@ def throttling(r: RunReport | NodeReport, t: Thresholds) -> Outcome:
         return f"throttled {_pct(g.throttle_time_ratio or 0)} of the time" + (f" ({reasons})" if reasons else "")
 
     return _gpus_hit(
-        hot, text, lambda g: -(g.throttle_time_ratio or 0), f"throttled > {_pct(t.throttle_ratio)} of samples"
+        r, hot, text, lambda g: -(g.throttle_time_ratio or 0), f"throttled > {_pct(t.throttle_ratio)} of samples"
     )
 
 
@@ -345,7 +403,7 @@ def rank_imbalance(r: RunReport, t: Thresholds) -> Outcome:
     )
     return Hit(
         "; ".join(
-            f"rank {x.rank} ({x.host or '?'}{', ' + ','.join(x.gpus) if x.gpus else ''}): "
+            f"rank {x.rank} ({x.host or '?'}{''.join(', ' + _gpu_name(r, u) for u in x.gpus)}): "
             f"{x.median_busy_time_s or 0:.4f} s of its own work per step (data wait + compute) "
             f"= {x.slowdown_vs_median or 0:.2f}× the median rank"
             for x in slow
@@ -398,7 +456,28 @@ def diagnose(report: RunReport | NodeReport, t: Thresholds) -> tuple[list[Findin
             skipped.append(f"{r.id}: {outcome.why}")
         elif isinstance(outcome, Hit):
             found.append(Finding(r.id, r.title, outcome.evidence, outcome.threshold, r.action, dict(outcome.data)))
+    if isinstance(report, RunReport):
+        for f in found:
+            _beside(report, f)
     return found, skipped
+
+
+def _beside(r: RunReport, f: Finding) -> None:
+    """Name the GPU events of a finding's GPUs in its evidence: an XID may explain what the rule saw."""
+    if f.id == "gpu_errors":
+        return
+    keys = set(f.data.get("gpus") or [])
+    keys |= {u for x in r.per_rank if x.rank in (f.data.get("ranks") or []) for u in x.gpus}
+    ours = {g.uuid for g in r.per_gpu if g.uuid and (g.key in keys or g.uuid in keys)}
+    events = [e for e in r.gpu_events if e.uuid in ours]
+    if events:
+        f.evidence += (
+            ("" if f.evidence.endswith(".") else ".")
+            + " Meanwhile "
+            + "; ".join(_event_text(r, e) for e in events[:EVIDENCE_EVENTS])
+        )
+        f.evidence += f"{'; and more' if len(events) > EVIDENCE_EVENTS else ''}: it may explain this."
+        f.data["gpu_events"] = len(events)
 
 
 def _subject(report: RunReport | NodeReport) -> str:

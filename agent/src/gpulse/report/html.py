@@ -23,7 +23,7 @@ from typing import Any
 
 from gpulse.report import units
 from gpulse.report.model import GIB, PHASES, gpu_key, group_by, num, rank_key, step_end_ns, step_start_ns
-from gpulse.report.records import GpuSummary, NodeReport, RunReport, gpu_order
+from gpulse.report.records import GpuEvent, GpuSummary, NodeReport, RunReport, gpu_order
 from gpulse.report.svg import (
     MAX_LINES,
     MAX_POINTS,
@@ -344,6 +344,29 @@ def _findings(findings: Sequence[Any], not_evaluated: Sequence[str]) -> list[str
     return parts
 
 
+def _event_marks(events: Sequence[GpuEvent], clock: _Clock) -> list[tuple[float, str]]:
+    """GPU events as labels on the time axis: ``XID 31 GPU 6``."""
+    return [(clock.x(int(e.time_ns)), f"{e.what()} GPU {e.gpu}") for e in events if e.time_ns is not None]
+
+
+def _gpu_events(events: Sequence[GpuEvent], t0: int, none: str) -> list[str]:
+    """The GPU events section: a table, or ``none`` said when there is no event."""
+    out = [f'<h2 id="gpu-events">GPU events ({len(events)})</h2>']
+    if not events:
+        return [*out, f'<p class="muted">{escape(none)}</p>']
+    rows = [
+        [
+            escape(units.duration((e.time_ns - t0) / 1e9) if e.time_ns is not None else "?"),
+            escape(e.host or "?"),
+            escape(f"GPU {e.gpu}") + (f"<br><span class='muted small'>{escape(e.uuid)}</span>" if e.uuid else ""),
+            escape(e.what()),
+            escape(e.text or ""),
+        ]
+        for e in events
+    ]
+    return [*out, _table(rows, ["after", "host", "GPU", "event", "text"], "wide", wrap=(4,))]
+
+
 def _page(title: str, heading: str, subtitle: str, body: list[str], report_json: dict[str, Any], name: str) -> str:
     return (
         "\n".join(
@@ -398,7 +421,7 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
         ("allocator retries", units.number(report.alloc_retries)),
     ]  # fmt: skip
     charts = [
-        *_gpu_charts(gpu, clock, marks, markers),
+        *_gpu_charts(gpu, clock, [*_event_marks(report.gpu_events, clock), *marks], markers),
         _phase_chart(steps, report.phases_s),
         _throughput_chart(steps, clock, marks),
         *_memory_charts(steps),
@@ -424,6 +447,8 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
         body.append('<p class="muted">No GPU samples for this run: the GPU plots are left out.</p>')
     if report.per_gpu:
         body += ["<h2>Per GPU</h2>", _gpu_table(report.per_gpu)]
+    if report.gpu_events:
+        body += _gpu_events(report.gpu_events, t0, "")
     if report.per_rank:
         rows = [
             [
@@ -455,11 +480,7 @@ def render_node_html(report: NodeReport, gpu: Sequence[Row]) -> str:
     """A recording without a training run: the node's GPUs over time, their table and events."""
     t0 = int(report.start_time_ns or 0)
     clock = _clock(t0, report.end_time_ns)
-    marks = [
-        (clock.x(int(e.time_ns)), f"XID {e.xid}" if e.xid else str(e.kind or "event"))
-        for e in report.events
-        if e.time_ns is not None
-    ]
+    marks = _event_marks(report.events, clock)
     x_label = clock.axis.label
     charts = [
         *_gpu_charts(gpu, clock, marks, ()),
@@ -484,21 +505,7 @@ def render_node_html(report: NodeReport, gpu: Sequence[Row]) -> str:
     body += ["<h2>Plots</h2>", *charts]
     if report.per_gpu:
         body += ["<h2>Per GPU</h2>", _gpu_table(report.per_gpu)]
-    body.append(f"<h2>Events ({len(report.events)})</h2>")
-    if report.events:
-        rows = [
-            [
-                escape(units.duration((e.time_ns - t0) / 1e9) if e.time_ns is not None else "?"),
-                escape(e.host or "?"),
-                escape(str(e.gpu)),
-                escape(f"XID {e.xid}" if e.xid else str(e.kind)),
-                escape(e.text or ""),
-            ]
-            for e in report.events
-        ]
-        body.append(_table(rows, ["after", "host", "GPU", "event", "text"], "wide", wrap=(4,)))
-    else:
-        body.append('<p class="muted">No XID, ECC or GPU-lost event in the recording.</p>')
+    body += _gpu_events(report.events, t0, "No XID, ECC or GPU-lost event in the recording.")
     hosts = ", ".join(report.hosts) or "?"
     subtitle = f"{report.gpus} GPU(s) over {units.duration(report.duration_s)}; no training run in the recording"
     return _page(f"gpulse node report: {hosts}", f"Node {hosts}", subtitle, body, report.to_json(), "node_report.json")

@@ -1,9 +1,11 @@
 """Load one run's points for the report: from InfluxDB (InfluxQL, v1 or v2 via DBRP) or recording files.
 
-A run's GPU samples are the ``gpu`` points tagged ``run=<id>`` (the agent tags the GPUs a run
-registered); when there are none (the run never registered, e.g. CPU-only or an older agent),
-they are the GPUs of the run's hosts during the run's time window — narrowed to the run's own
-GPUs when its ``train_run`` points list them.
+A GPU is a run's only when one of its ranks uses it: the agent tags the GPUs a run registered
+(``gpu`` points with ``run=<id>``); without such points, the run's GPUs are those its ranks report
+(``train_run.gpus``, the CUDA devices' UUIDs) and those NVML lists one of its processes on
+(``gpu_process.pid`` equal to a rank's ``train_run.pid`` on the same host), over the run's time
+window. A CPU-only run beside an agent gets no GPU, and so no GPU figures: the GPUs of its host
+are not its own. The GPU events (XID, ECC, lost) are those of the run's GPUs during the run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from gpulse.report.model import step_end_ns, step_start_ns
 
 Row = dict[str, Any]
 TRAIN_MEASUREMENTS = ("train_step", "train_run", "train_event")
+#: How far around the run's window its processes are looked for on the GPUs: the agent lists a GPU's
+#: processes only every few seconds, so a short run may fall between two listings.
+PROCESS_MARGIN_NS = 30 * 10**9
 
 
 @dataclass
@@ -29,6 +34,8 @@ class RunData:
     gpu: list[Row] = field(default_factory=list)
     runs: list[Row] = field(default_factory=list)
     events: list[Row] = field(default_factory=list)
+    #: ``gpu_event`` rows of the run's GPUs during the run
+    gpu_events: list[Row] = field(default_factory=list)
     #: lines of the input files that could not be read (line number, file, why)
     bad_lines: list[tuple[str, int, str]] = field(default_factory=list)
 
@@ -45,10 +52,35 @@ def run_window(steps: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, A
 
 
 def run_gpus(runs: Sequence[Mapping[str, Any]]) -> set[str]:
+    """UUIDs of the CUDA devices the run's ranks report (``train_run.gpus``)."""
     return {u for r in runs for u in str(r.get("gpus") or "").split(",") if u}
 
 
-def select_gpu_rows(gpu: Iterable[Mapping[str, Any]], run: str, steps: Sequence[Row], runs: Sequence[Row]) -> list[Row]:
+def run_pids(runs: Sequence[Mapping[str, Any]]) -> set[tuple[str, int]]:
+    """(host, pid) of the run's ranks, from their ``train_run`` points."""
+    return {(str(r["host"]), pid) for r in runs if r.get("host") and (pid := _pid(r)) is not None}
+
+
+def _pid(row: Mapping[str, Any]) -> int | None:
+    v = row.get("pid")
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def owned_gpus(runs: Sequence[Mapping[str, Any]], processes: Iterable[Mapping[str, Any]]) -> set[str]:
+    """UUIDs of the GPUs the run's ranks use: the devices they report, and those NVML lists one of
+    their processes on (``gpu_process`` rows of the same host)."""
+    pids = run_pids(runs)
+    listed = {str(p["uuid"]) for p in processes if p.get("uuid") and (str(p.get("host")), _pid(p)) in pids}
+    return run_gpus(runs) | listed
+
+
+def select_gpu_rows(
+    gpu: Iterable[Mapping[str, Any]],
+    run: str,
+    steps: Sequence[Row],
+    runs: Sequence[Row],
+    processes: Iterable[Mapping[str, Any]] = (),
+) -> list[Row]:
     """The run's GPU samples among ``gpu`` rows (see the module docstring)."""
     gpu = list(gpu)
     tagged = [dict(r) for r in gpu if r.get("run") == run]
@@ -57,12 +89,19 @@ def select_gpu_rows(gpu: Iterable[Mapping[str, Any]], run: str, steps: Sequence[
     window = run_window(steps, runs)
     if window is None:
         return []
-    hosts = {r.get("host") for r in [*steps, *runs] if r.get("host")}
-    rows = [dict(r) for r in gpu if r.get("host") in hosts and window[0] <= int(r.get("time") or 0) <= window[1]]
-    own = run_gpus(runs)
-    if own and any(r.get("uuid") in own for r in rows):
-        rows = [r for r in rows if r.get("uuid") in own]
-    return rows
+    lo, hi = window[0] - PROCESS_MARGIN_NS, window[1] + PROCESS_MARGIN_NS
+    own = owned_gpus(runs, (p for p in processes if lo <= int(p.get("time") or 0) <= hi))
+    return [dict(r) for r in gpu if r.get("uuid") in own and window[0] <= int(r.get("time") or 0) <= window[1]]
+
+
+def select_gpu_events(
+    gpu_events: Iterable[Mapping[str, Any]], gpu: Sequence[Row], window: tuple[int, int] | None
+) -> list[Row]:
+    """The events of the run's GPUs (those of its ``gpu`` rows) during its window."""
+    uuids = {r.get("uuid") for r in gpu if r.get("uuid")}
+    if window is None or not uuids:
+        return []
+    return [dict(e) for e in gpu_events if e.get("uuid") in uuids and window[0] <= int(e.get("time") or 0) <= window[1]]
 
 
 # -- InfluxDB ---------------------------------------------------------------------------------------
@@ -82,6 +121,10 @@ def list_runs_influx(q: InfluxQL) -> list[str]:
     return sorted(runs)
 
 
+def _any_of(tag: str, values: Iterable[str]) -> str:
+    return "(" + " OR ".join(f"{quote_ident(tag)} = {quote_string(v)}" for v in sorted(values)) + ")"
+
+
 def load_influx(q: InfluxQL, run: str) -> RunData:
     where = f'"run" = {quote_string(run)}'
     data = RunData(
@@ -90,15 +133,24 @@ def load_influx(q: InfluxQL, run: str) -> RunData:
         events=q.rows(f"SELECT * FROM {_source(q, 'train_event')} WHERE {where}"),
     )
     data.gpu = q.rows(f"SELECT * FROM {_source(q, 'gpu')} WHERE {where}")
-    if not data.gpu:
-        window = run_window(data.steps, data.runs)
-        hosts = sorted({str(r["host"]) for r in [*data.steps, *data.runs] if r.get("host")})
-        if window and hosts:
-            host_clause = " OR ".join(f'"host" = {quote_string(h)}' for h in hosts)
-            rows = q.rows(
-                f"SELECT * FROM {_source(q, 'gpu')} WHERE ({host_clause}) AND time >= {window[0]} AND time <= {window[1]}"
-            )
-            data.gpu = select_gpu_rows(rows, run, data.steps, data.runs)
+    window = run_window(data.steps, data.runs)
+    if window is None:
+        return data
+    between = f"time >= {window[0]} AND time <= {window[1]}"
+    hosts = {str(r["host"]) for r in data.runs if r.get("host")}
+    if not data.gpu and hosts:
+        near = f"time >= {window[0] - PROCESS_MARGIN_NS} AND time <= {window[1] + PROCESS_MARGIN_NS}"
+        procs = q.rows(
+            f'SELECT "pid", "uuid", "host" FROM {_source(q, "gpu_process")} WHERE {_any_of("host", hosts)} AND {near}'
+        )
+        own = owned_gpus(data.runs, procs)
+        if own:
+            rows = q.rows(f"SELECT * FROM {_source(q, 'gpu')} WHERE {_any_of('uuid', own)} AND {between}")
+            data.gpu = select_gpu_rows(rows, run, data.steps, data.runs, procs)
+    uuids = {str(r["uuid"]) for r in data.gpu if r.get("uuid")}
+    if uuids:
+        events = q.rows(f"SELECT * FROM {_source(q, 'gpu_event')} WHERE {_any_of('uuid', uuids)} AND {between}")
+        data.gpu_events = select_gpu_events(events, data.gpu, window)
     return data
 
 
@@ -140,5 +192,6 @@ def runs_in(rows: Mapping[str, list[Row]]) -> list[str]:
 def load_files(rows: Mapping[str, list[Row]], run: str) -> RunData:
     pick = lambda m: [r for r in rows.get(m, []) if r.get("run") == run]  # noqa: E731
     data = RunData(steps=pick("train_step"), runs=pick("train_run"), events=pick("train_event"))
-    data.gpu = select_gpu_rows(rows.get("gpu", []), run, data.steps, data.runs)
+    data.gpu = select_gpu_rows(rows.get("gpu", []), run, data.steps, data.runs, rows.get("gpu_process", []))
+    data.gpu_events = select_gpu_events(rows.get("gpu_event", []), data.gpu, run_window(data.steps, data.runs))
     return data

@@ -12,7 +12,8 @@ fields, as InfluxQL's ``SELECT *`` returns them (absent fields may be ``None``):
 * ``steps``  — ``train_step`` rows of one run, every rank;
 * ``gpu``    — ``gpu`` rows of the run's GPUs over the run's time window (may be empty);
 * ``runs``   — ``train_run`` rows (``event`` = start / end);
-* ``events`` — ``train_event`` rows.
+* ``events`` — ``train_event`` rows;
+* ``gpu_events`` — ``gpu_event`` rows of the run's GPUs (XID, ECC, lost) during the run.
 
 Conventions: a step's ``step_time_s`` is the step itself; ``data_wait_s`` is the time before it spent
 waiting for the batch. So the data-loading ratio is Σ data wait / Σ (data wait + step time).
@@ -414,6 +415,7 @@ def build_report(
     events: Sequence[Row],
     thresholds: Mapping[str, float] | None = None,
     partial_reason: str | None = None,
+    gpu_events: Sequence[Row] = (),
 ) -> RunReport:
     """The run report with its diagnosis; ``thresholds`` overrides diagnosis thresholds by name.
     ``partial_reason`` says why the caller could not get every rank's points."""
@@ -488,12 +490,34 @@ def build_report(
             )
             for r in sorted(events, key=lambda r: r.get("time") or 0)
         ],
-        sources=Sources(train_step=len(steps), gpu=len(gpu), train_run=len(runs), train_event=len(events)),
+        gpu_events=_gpu_events(gpu_events),
+        sources=Sources(
+            train_step=len(steps),
+            gpu=len(gpu),
+            train_run=len(runs),
+            train_event=len(events),
+            gpu_event=len(gpu_events),
+        ),
         thresholds=limits.as_dict(),
         hints=_hints(info, steps),
     )
     report.diagnosis, report.not_evaluated = diagnose(report, limits)
     return report
+
+
+def _gpu_events(rows: Sequence[Row]) -> list[GpuEvent]:
+    return [
+        GpuEvent(
+            time_ns=r.get("time"),
+            host=r.get("host"),
+            gpu=r.get("gpu"),
+            kind=r.get("kind"),
+            xid=int(x) if (x := num(r, "xid")) is not None else None,
+            text=r.get("text"),
+            uuid=r.get("uuid"),
+        )
+        for r in sorted(rows, key=lambda r: r.get("time") or 0)
+    ]
 
 
 def build_node_report(
@@ -515,17 +539,7 @@ def build_node_report(
         **totals.report_fields(),
         energy_kwh=_kwh(totals.energy_j),
         per_gpu=gpus,
-        events=[
-            GpuEvent(
-                time_ns=r.get("time"),
-                host=r.get("host"),
-                gpu=r.get("gpu"),
-                kind=r.get("kind"),
-                xid=int(x) if (x := num(r, "xid")) is not None else None,
-                text=r.get("text"),
-            )
-            for r in sorted(gpu_events, key=lambda r: r.get("time") or 0)
-        ],
+        events=_gpu_events(gpu_events),
         sources={"gpu": len(gpu), "gpu_event": len(gpu_events)},
         thresholds=limits.as_dict(),
     )

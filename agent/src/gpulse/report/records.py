@@ -104,8 +104,18 @@ class GpuSummary:
         name = f"GPU {self.gpu}" if self.gpu is not None else self.key
         return f"{self.host} {name}" if with_host else name
 
+    def name(self, with_host: bool = False) -> str:
+        """``GPU 3 (GPU-1d0b…)``: the index the tables use, and the start of the uuid that tells the card."""
+        label = self.label(with_host)
+        return f"{label} ({short_uuid(self.uuid)})" if self.uuid and self.gpu is not None else label
+
     def order(self) -> tuple[str, int, str]:
         return gpu_order(self.host, self.gpu, self.key)
+
+
+def short_uuid(uuid: str) -> str:
+    """``GPU-1d0b…``: enough of a GPU's uuid to tell it from the node's others at a glance."""
+    return uuid if len(uuid) <= 9 else f"{uuid[:8]}…"
 
 
 def gpu_order(host: Any, index: Any, key: str) -> tuple[str, int, str]:
@@ -145,6 +155,29 @@ class RunEvent:
 
 
 @dataclass
+class GpuEvent:
+    """A ``gpu_event`` point: XID, ECC error, GPU lost or recovered."""
+
+    time_ns: int | None
+    host: str | None
+    gpu: str | None
+    kind: str | None
+    xid: int | None
+    text: str | None
+    uuid: str | None = None
+
+    def what(self) -> str:
+        """``XID 31``, else the kind (``ecc_double_bit``, ``gpu_lost``, ...)."""
+        return f"XID {self.xid}" if self.kind == "xid" and self.xid else (self.kind or "event")
+
+    def describe(self) -> str:
+        """The event in words: its text where that names it (``XID 31: ...`` from the agent), else ``XID 31 (text)``."""
+        if not self.text:
+            return self.what()
+        return self.text if self.what() in self.text else f"{self.what()} ({self.text})"
+
+
+@dataclass
 class Sources:
     """How many points of each measurement the report was built from."""
 
@@ -152,6 +185,7 @@ class Sources:
     gpu: int
     train_run: int
     train_event: int
+    gpu_event: int = 0
 
 
 @dataclass
@@ -214,6 +248,8 @@ class RunReport:
     per_gpu: list[GpuSummary]
     per_rank: list[RankSummary]
     events: list[RunEvent]
+    #: XID, ECC and GPU-lost events of the run's GPUs during the run
+    gpu_events: list[GpuEvent]
     sources: Sources
     #: every diagnosis threshold by name, as applied (defaults with the overrides)
     thresholds: dict[str, float]
@@ -224,18 +260,6 @@ class RunReport:
 
     def to_json(self) -> dict[str, Any]:
         return as_json(self)
-
-
-@dataclass
-class GpuEvent:
-    """A ``gpu_event`` point: XID, ECC error, GPU lost or recovered."""
-
-    time_ns: int | None
-    host: str | None
-    gpu: str | None
-    kind: str | None
-    xid: int | None
-    text: str | None
 
 
 @dataclass

@@ -172,20 +172,23 @@ def _svg(body: list[str], label: str, height: float, kind: str) -> str:
 
 def _event_marks(f: _Frame, events: Sequence[tuple[float, str]]) -> list[str]:
     """A dotted line per event; its label in the band above the plot, left out where it would
-    overlap the previous label (the line keeps the text as a tooltip)."""
-    out = []
-    free_from = -1e9
+    overlap a label placed before it (the line keeps the text as a tooltip). Labels are placed in the
+    order of ``events``: the caller puts first what must not be crowded out (a GPU's XID before a
+    checkpoint)."""
+    lines, labels = [], []
+    taken: list[tuple[float, float]] = []
     for x, text in sorted(events):
         px = f.px(x)
-        label = text[:24]
-        out.append(
+        lines.append(
             f'<line x1="{px:.1f}" y1="{f.top}" x2="{px:.1f}" y2="{f.bottom}" class="e"><title>{escape(text)}</title></line>'
         )
-        width = 6 * len(label) + 4
-        if px >= free_from and px + width <= W:
-            out.append(f'<text x="{px + 2:.1f}" y="{f.top - 4}" class="k ev">{escape(label)}</text>')
-            free_from = px + width
-    return out
+    for x, text in events:
+        px, label = f.px(x), text[:24]
+        end = px + 6 * len(label) + 4
+        if end <= W and all(end <= a or px >= b for a, b in taken):
+            taken.append((px, end))
+            labels.append((px, f'<text x="{px + 2:.1f}" y="{f.top - 4}" class="k ev">{escape(label)}</text>'))
+    return lines + [text for _, text in sorted(labels)]
 
 
 def line_chart(
@@ -341,7 +344,9 @@ def many(
     markers: Sequence[float] = (),
     y_max: float | None = None,
 ) -> list[str]:
-    """Up to :data:`MAX_LINES` series as lines; more as a percentile band and a heat strip."""
+    """Up to :data:`MAX_LINES` series as lines; more as a percentile band and a heat strip; none: no chart."""
+    if not series:
+        return []
     if len(series) <= MAX_LINES:
         return [line_chart(title, series, x_label, y_label, legend=legend, events=events, markers=markers, y_max=y_max)]
     return [

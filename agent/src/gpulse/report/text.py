@@ -81,6 +81,8 @@ def render_text(r: RunReport) -> str:
         f"throttled {_pct(r.throttle_time_ratio)} of the time (worst GPU)",
         *_per_gpu(r.per_gpu),
     ]
+    if r.gpu_events:
+        out += ["", *_events(r.gpu_events, "GPU EVENTS (XID, ECC, lost)")]
     if r.per_rank:
         out += ["", "RANKS"]
         for x in r.per_rank:
@@ -94,8 +96,15 @@ def render_text(r: RunReport) -> str:
 
 
 def _event(e: GpuEvent) -> str:
-    what = f"XID {e.xid}" if e.kind == "xid" and e.xid else (e.kind or "event")
-    return f"  {e.host or '?'} GPU {e.gpu}: {what}" + (f" ({e.text})" if e.text else "")
+    return f"  {e.host or '?'} GPU {e.gpu}: {e.describe()}"
+
+
+def _events(events: list[GpuEvent], heading: str = "EVENTS") -> list[str]:
+    """The GPU events, at most 50 (all in the JSON)."""
+    out = [f"{heading}: {len(events)}", *[_event(e) for e in events[:50]]]
+    if len(events) > 50:
+        out.append(f"  ... and {len(events) - 50} more (all in the JSON)")
+    return out
 
 
 def render_node_text(r: NodeReport) -> str:
@@ -113,9 +122,6 @@ def render_node_text(r: NodeReport) -> str:
         f"per GPU, energy {units.energy(energy_j)}, throttled {_pct(r.throttle_time_ratio)} of the time (worst GPU)",
         *_per_gpu(r.per_gpu),
         "",
-        f"EVENTS: {len(r.events)}",
-        *[_event(e) for e in r.events[:50]],
+        *_events(r.events),
     ]
-    if len(r.events) > 50:
-        out.append(f"  ... and {len(r.events) - 50} more (all in the JSON)")
     return "\n".join(out) + "\n"

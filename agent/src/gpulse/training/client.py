@@ -130,6 +130,11 @@ class Client:
 
     # -- queueing -----------------------------------------------------------------------------------
     @property
+    def host(self) -> str:
+        """The host tag the run's points get: the agent's, once it acknowledged one, else this machine's name."""
+        return self._host
+
+    @property
     def pending(self) -> int:
         """Messages not yet acknowledged (unsent + in flight)."""
         return self._count

@@ -42,9 +42,12 @@ class ReportBuffer:
         #: generation, kept steps brought on full collections, slow with torch in the heap)
         self._rows: list[tuple[int | float, ...]] = []
         self._shapes: list[FieldShape] = []
-        self.runs: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
+        self._runs: list[dict[str, Any]] = []
+        self._events: list[dict[str, Any]] = []
         self._tags: Mapping[str, str] = {}
+        #: the ``host`` tag the agent gives the run's points (the training process does not send it):
+        #: set before the report is built, so that it names the hosts as the database does
+        self.host: str | None = None
         self._stride = 1
         self._seen = 0
         #: samples and tokens of every step so far, kept or thinned out (the run's end point carries them),
@@ -53,7 +56,18 @@ class ReportBuffer:
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
-        (self.runs if measurement == "train_run" else self.events).append({**tags, **fields, "time": ts})
+        (self._runs if measurement == "train_run" else self._events).append({**tags, **fields, "time": ts})
+
+    @property
+    def runs(self) -> list[dict[str, Any]]:
+        return [self._with_host(r) for r in self._runs]
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return [self._with_host(r) for r in self._events]
+
+    def _with_host(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {**row, "host": self.host} if self.host else row
 
     def add_rows(self, batch: StepRows) -> None:
         """Keep every ``stride``-th step of ``batch``; add the samples and tokens of all of them."""
@@ -92,7 +106,8 @@ class ReportBuffer:
         if at_most is not None and len(rows) > at_most:
             every = -(-len(rows) // max(at_most, 1))
             rows, shapes = rows[::every], shapes[::every]
-        return [{**self._tags, **shape.fields(row), "time": row[-1]} for shape, row in zip(shapes, rows, strict=True)]
+        tags = {**self._tags, "host": self.host} if self.host else self._tags
+        return [{**tags, **shape.fields(row), "time": row[-1]} for shape, row in zip(shapes, rows, strict=True)]
 
 
 def write_report(buffer: ReportBuffer, output_dir: str, others: Gathered | None = None) -> str:

@@ -295,6 +295,7 @@ class Run:
         """Rank 0 writes ``metrics_report.json`` for every rank it can gather; the others hand theirs over."""
         from gpulse.training.report import write_report
 
+        self.report.host = self.client.host
         if self.world_size <= 1:
             write_report(self.report, self.output_dir)
             return

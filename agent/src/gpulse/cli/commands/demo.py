@@ -198,7 +198,7 @@ def _report(args: argparse.Namespace, conn, run_id: str) -> int:
     else:
         rows, _bad = read_points([args.record])
         data = load_files(rows, run_id)
-    report = build_report(data.steps, data.gpu, data.runs, data.events)
+    report = build_report(data.steps, data.gpu, data.runs, data.events, gpu_events=data.gpu_events)
     print()
     _json, html = write_run_report(report, args.out, steps=data.steps, gpu=data.gpu, events=data.events, html=True)
     print(f"the run's report: {html}; again any time: {report_command(args, conn, run_id)}")
