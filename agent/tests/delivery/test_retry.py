@@ -23,14 +23,15 @@ def waits(policy: RetryPolicy, errors: list[WriteError]) -> list[float]:
     return sleeps
 
 
-def test_backoff_grows_exponentially_with_jitter_within_half_to_full_and_is_capped():
+def test_backoff_grows_exponentially_with_full_jitter_and_is_capped():
+    """Attempt n waits anywhere in [0, b], b doubling up to the cap: agents that failed together spread out."""
     p = RetryPolicy(initial=1.0, max_delay=30.0)
     runs = [waits(p, [WriteError(ErrorKind.TRANSIENT, "down")] * 11) for _ in range(200)]
     for attempt in range(1, 12):
         b = min(30.0, 2.0 ** (attempt - 1))
         samples = [run[attempt - 1] for run in runs]
-        assert all(b / 2 <= s <= b for s in samples), (attempt, min(samples), max(samples))
-        assert max(samples) - min(samples) > b / 10  # jittered, not a fixed schedule
+        assert all(0 <= s <= b for s in samples), (attempt, min(samples), max(samples))
+        assert min(samples) < b / 4 and max(samples) > 3 * b / 4  # the whole range, not a fixed schedule
 
 
 def test_retry_after_wins_over_the_backoff_and_config_errors_wait_longer():
@@ -45,7 +46,7 @@ def test_retry_after_wins_over_the_backoff_and_config_errors_wait_longer():
         ],
     )
     assert got[:2] == [42.0, 100.0]
-    assert 0.2 <= got[2] <= 0.4  # attempt 3: the backoff
+    assert 0 <= got[2] <= 0.4  # attempt 3: the backoff
     assert got[3] == 5.0
 
 
@@ -60,7 +61,7 @@ def test_retrying_stops_when_told_and_reraises_the_last_error():
             with attempt:
                 raise WriteError(ErrorKind.TRANSIENT, "down")
     assert 0.15 < time.monotonic() - t0 < 2.0
-    assert len(calls) >= 5 and all(0.005 <= d <= 0.02 for d in calls)
+    assert len(calls) >= 5 and all(0 <= d <= 0.02 for d in calls)
 
 
 def test_non_retryable_errors_are_raised_at_once():

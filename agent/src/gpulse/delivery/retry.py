@@ -19,9 +19,12 @@ config     401, 403, 404                                   a configuration error
 ========== =============================================== ========================================
 
 A 500 for a field type conflict (InfluxDB 2.0.x) is a rejection, not an outage: retrying it
-would block the queue forever (telegraf #11005). The backoff is exponential with "equal
-jitter": attempt *n* waits uniformly in ``[b/2, b]`` with ``b = min(max_delay, initial·2^(n-1))``,
-so retries never hammer (lower bound) nor synchronise across agents (jitter).
+would block the queue forever (telegraf #11005). The backoff is exponential with "full jitter"
+(AWS Architecture Blog, "Exponential Backoff And Jitter"): attempt *n* waits uniformly in
+``[0, b]`` with ``b = min(max_delay, initial·2^(n-1))``. A fleet loses its database at one moment;
+full jitter spreads the agents' returns, and so their spool replays, over the whole backoff, where
+"equal jitter" (``[b/2, b]``) bunched them: ``agent/tests/agent/test_fleet.py`` measures the peak
+write rate after a 60 s outage of one database under 32 agents (figures in ``docs/capacity.md``).
 """
 
 from __future__ import annotations
@@ -38,18 +41,14 @@ from gpulse.sinks.errors import RETRY_AFTER_CAP_S, ErrorKind, WriteError
 
 # -- waiting --------------------------------------------------------------------------------------
 class wait_retry_after_or_backoff(tenacity.wait.wait_base):
-    """Retry-After, else exponential backoff with equal jitter: tenacity's wait strategy for a sink.
+    """Retry-After, else exponential backoff with full jitter: tenacity's wait strategy for a sink.
 
-    The server's ``Retry-After`` (capped) wins; else attempt *n* waits uniformly in ``[b/2, b]``
-    (tenacity's ``wait_exponential`` for the fixed half plus ``wait_random_exponential`` for the
-    jittered half); a configuration error waits at least ``config_min_delay``."""
+    The server's ``Retry-After`` (capped) wins; else attempt *n* waits uniformly in ``[0, b]``
+    (tenacity's ``wait_random_exponential``); a configuration error waits at least ``config_min_delay``."""
 
     def __init__(self, policy: RetryPolicy) -> None:
-        half_init, half_max = policy.initial / 2, policy.max_delay / 2
         self.policy = policy
-        self.backoff = tenacity.wait_exponential(multiplier=half_init, max=half_max) + tenacity.wait_random_exponential(
-            multiplier=half_init, max=half_max
-        )
+        self.backoff = tenacity.wait_random_exponential(multiplier=policy.initial, max=policy.max_delay)
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         outcome = retry_state.outcome
