@@ -27,6 +27,8 @@ ADDED_KEYS: set[str] = {
     "per_rank[].communication_in_flight_ratio",
     "per_rank[].wait_for_slower_ranks_s",
     "per_rank[].median_busy_time_s",
+    # issue 28: the host beside the GPUs (null here: the seed input has no host points)
+    "host",
 }
 #: keys whose values are open-ended maps: their own keys are data, not field names
 OPEN_MAPS = ("phases_s", "throttle_reasons", "data")

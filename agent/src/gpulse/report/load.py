@@ -28,6 +28,9 @@ class RunData:
     gpu: list[Row] = field(default_factory=list)
     runs: list[Row] = field(default_factory=list)
     events: list[Row] = field(default_factory=list)
+    #: the agent's points of the run's processes (tagged with the run) and of their hosts in the run's window
+    host_process: list[Row] = field(default_factory=list)
+    host: list[Row] = field(default_factory=list)
     #: lines of the input files that could not be read (line number, file, why)
     bad_lines: list[tuple[str, int, str]] = field(default_factory=list)
 
@@ -64,6 +67,15 @@ def select_gpu_rows(gpu: Iterable[Mapping[str, Any]], run: str, steps: Sequence[
     return rows
 
 
+def host_filter(
+    processes: Sequence[Row], steps: Sequence[Row], runs: Sequence[Row]
+) -> tuple[set[str], tuple[int, int]] | None:
+    """The hosts of the run's sampled processes and the run's window: which ``host`` points are the run's."""
+    window = run_window(steps, runs)
+    hosts = {str(r["host"]) for r in processes if r.get("host")}
+    return (hosts, window) if window and hosts else None
+
+
 # -- InfluxDB ---------------------------------------------------------------------------------------
 def _source(q: InfluxQL, measurement: str) -> str:
     rp = q.conn.retention_policy
@@ -98,6 +110,14 @@ def load_influx(q: InfluxQL, run: str) -> RunData:
                 f"SELECT * FROM {_source(q, 'gpu')} WHERE ({host_clause}) AND time >= {window[0]} AND time <= {window[1]}"
             )
             data.gpu = select_gpu_rows(rows, run, data.steps, data.runs)
+    data.host_process = q.rows(f"SELECT * FROM {_source(q, 'host_process')} WHERE {where}")
+    scope = host_filter(data.host_process, data.steps, data.runs)
+    if scope is not None:
+        hosts, (t0, t1) = scope
+        host_clause = " OR ".join(f'"host" = {quote_string(h)}' for h in sorted(hosts))
+        data.host = q.rows(
+            f"SELECT * FROM {_source(q, 'host')} WHERE ({host_clause}) AND time >= {t0} AND time <= {t1}"
+        )
     return data
 
 
@@ -140,4 +160,9 @@ def load_files(rows: Mapping[str, list[Row]], run: str) -> RunData:
     pick = lambda m: [r for r in rows.get(m, []) if r.get("run") == run]  # noqa: E731
     data = RunData(steps=pick("train_step"), runs=pick("train_run"), events=pick("train_event"))
     data.gpu = select_gpu_rows(rows.get("gpu", []), run, data.steps, data.runs)
+    data.host_process = pick("host_process")
+    scope = host_filter(data.host_process, data.steps, data.runs)
+    if scope is not None:
+        hosts, (t0, t1) = scope
+        data.host = [r for r in rows.get("host", []) if r.get("host") in hosts and t0 <= int(r.get("time") or 0) <= t1]
     return data

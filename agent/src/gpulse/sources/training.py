@@ -384,6 +384,10 @@ class TrainingReceiver:
             self._gpu_runs = mapping
             self.runs_version += 1
 
+    def registrations(self) -> list[protocol.Register]:
+        """The live registrations (run, rank, pid): the processes whose host side the agent samples."""
+        return list(self._registrations.values())
+
     def gpu_runs(self) -> dict[str, str]:
         """GPU uuid -> run id for the GPUs of registered, live training processes."""
         return dict(self._gpu_runs)
