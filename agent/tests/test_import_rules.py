@@ -103,6 +103,7 @@ TRAINING_CLOSURE = (
     "gpulse.report.model",
     "gpulse.report.diagnose",
     "gpulse.report.records",
+    "gpulse.report.host",
 )
 
 
