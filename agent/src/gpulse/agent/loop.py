@@ -413,9 +413,9 @@ class Agent:
         A failure here is logged (counted) and costs the host points of this cycle only, never the GPUs'."""
         assert self.host_sampler is not None
         try:
-            regs = self.receiver.registrations() if self.receiver is not None else []
+            training = self.receiver.training_processes() if self.receiver is not None else []
             node = self.host_sampler.node()
-            procs = self.host_sampler.processes(TrainingProcess(r.run, r.rank, r.pid) for r in regs)
+            procs = self.host_sampler.processes(TrainingProcess(*t) for t in training)
         except Exception as e:
             _rlog.log(f"host-{type(e).__name__}", logging.ERROR, "host sampling failed (counted): %r", e)
             return []

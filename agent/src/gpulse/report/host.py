@@ -154,6 +154,11 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
         f"blocked on disk (state D) {_share(d_share)}"
     )
     figures = f"{loader_line}; {_host_line(s)}."
+    main_line = (
+        f"The training process: on a CPU {_share(s.main_running_ratio)} of samples at {_pct(s.main_cpu_pct)} "
+        f"of a core{f', its {s.workers} worker(s) on a CPU {_share(s.worker_running_ratio)}' if has_workers else ''}; "
+        f"{_host_line(s)}."
+    )
     free = s.free_cores
     can_grow = free is not None and free >= t.free_core_min
     grow = f"num_workers={s.workers + math.floor(free)}" if can_grow and free is not None else ""
@@ -191,15 +196,13 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
         if can_grow:
             return LoadingDiagnosis(
                 LoadingCase.TOO_FEW_WORKERS,
-                f"Too few workers: the training process is on a CPU {_share(s.main_running_ratio)} of samples "
-                f"at {_pct(s.main_cpu_pct)} of a core while it waits for data; {figures}",
+                f"Too few workers: the training process loads its own batches. {main_line}",
                 f"Load in worker processes: DataLoader {grow} (the free cores), persistent_workers=True, "
                 "pin_memory=True.",
             )
         return LoadingDiagnosis(
             LoadingCase.NO_FREE_CORE,
-            f"No free core: the training process is on a CPU {_share(s.main_running_ratio)} of samples "
-            f"at {_pct(s.main_cpu_pct)} of a core while it waits for data; {figures}",
+            f"No free core: the training process loads its own batches. {main_line}",
             f"{no_core}Make loading cheaper instead: pre-tokenize or pre-decode offline and cache, or run on a "
             "host with more cores per GPU.",
         )
