@@ -31,6 +31,7 @@ KEYS = {
     "agent_rss_mib_start",
     "agent_rss_mib_end",
     "training_import_ms",
+    "cycle_cpu_ratio_host_vs_without",
 }
 
 
