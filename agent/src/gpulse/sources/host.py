@@ -43,6 +43,8 @@ RUNNING = psutil.STATUS_RUNNING
 DISK_SLEEP = psutil.STATUS_DISK_SLEEP
 GONE = "gone"
 _HAS_SMAPS_ROLLUP = os.path.exists(f"/proc/{os.getpid()}/smaps_rollup")
+#: the kernel lists each thread's children (CONFIG_PROC_CHILDREN): no scan of every process needed
+_HAS_CHILDREN_LIST = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class _Tracked:
     cpu_limit: float | None = None
     #: worker PID -> its number, for a main process
     workers: dict[int, int] = field(default_factory=dict)
+    #: children that are multiprocessing's helpers, not workers
+    helpers: set[int] = field(default_factory=set)
 
 
 def _per_s(now: float, then: float, before: int, after: int) -> float | None:
@@ -284,21 +288,18 @@ class HostSampler:
         return t
 
     def _workers(self, main: _Tracked) -> list[_Tracked]:
-        try:
-            children = main.proc.children()
-        except psutil.Error:
-            return []
         out = []
         alive = set()
-        for child in children:
-            number = main.workers.get(child.pid)
+        for pid in child_pids(main.proc):
+            number = main.workers.get(pid)
             if number is None:
-                if _is_helper(child):
+                if pid in main.helpers or _is_helper(pid):
+                    main.helpers.add(pid)
                     continue
                 used = set(main.workers.values())
-                number = main.workers[child.pid] = next(i for i in range(len(used) + 1) if i not in used)
-            alive.add(child.pid)
-            w = self._track(child.pid, main.run, main.rank, f"worker{number}")
+                number = main.workers[pid] = next(i for i in range(len(used) + 1) if i not in used)
+            alive.add(pid)
+            w = self._track(pid, main.run, main.rank, f"worker{number}")
             if w is not None:
                 out.append(w)
         main.workers = {pid: n for pid, n in main.workers.items() if pid in alive}
@@ -370,9 +371,31 @@ def _io(p: psutil.Process) -> Any:
         return None
 
 
-def _is_helper(p: psutil.Process) -> bool:
+def child_pids(p: psutil.Process) -> list[int]:
+    """The PIDs of a process's children: the kernel's list of each of its threads (proc(5),
+    ``/proc/PID/task/TID/children``), else psutil's scan of every process's parent."""
+    if not _HAS_CHILDREN_LIST:
+        try:
+            return [c.pid for c in p.children()]
+        except psutil.Error:
+            return []
+    out: list[int] = []
     try:
-        cmd = " ".join(p.cmdline())
+        tids = os.listdir(f"/proc/{p.pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{p.pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return out
+
+
+def _is_helper(pid: int) -> bool:
+    try:
+        cmd = " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False
     return any(mark in cmd for mark in HELPER_MARKS)
