@@ -469,7 +469,7 @@ HOST_PROCESS = Measurement(
             "0/1",
             "1 when in uninterruptible sleep (state D, blocked on I/O): mean = share of the time",
         ),
-        _f("cpu_pct", "float", "% of a core", "CPU used over the cycle (100 = one full core; more with threads)"),
+        _f("cpu_pct", "float", "%", "CPU used over the cycle, in % of one core (100 = a full core; more with threads)"),
         _f("mem_rss_bytes", "int", "B", "resident memory (counts pages shared with other workers once per process)"),
         _f(
             "mem_pss_bytes",

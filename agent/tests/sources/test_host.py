@@ -159,3 +159,15 @@ def test_the_cpu_limit_of_a_process_s_cgroup_is_read_and_none_without_one(procs)
     finally:
         limit.close()
     assert cgroup_cpu_limit(os.getpid()) is None
+
+
+def test_two_ranks_in_one_process_each_get_their_cpu_share(procs) -> None:
+    """Each (run, rank) keeps its own counters: sharing them, each sample would prime the other's."""
+    p = start("while True: pass")
+    procs.append(p)
+    sampler = HostSampler()
+    targets = [TrainingProcess("r1", "0", p.pid), TrainingProcess("r1", "1", p.pid)]
+    assert [r.cpu_pct for r in sampler.processes(targets)] == [None, None]
+    time.sleep(0.5)
+    second = sampler.processes(targets)
+    assert [r.rank for r in second] == ["0", "1"] and all(r.cpu_pct is not None and r.cpu_pct > 10 for r in second)

@@ -187,7 +187,8 @@ class HostSampler:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._tracked: dict[int, _Tracked] = {}
+        #: by (run, rank, pid): two runs (or ranks) in one process each keep their own counters
+        self._tracked: dict[tuple[str, str, int], _Tracked] = {}
         self._cpu: Any = None
         self._node: tuple[float, Any, Any, dict[str, Any], Any] | None = None
         self._whole_disk: dict[str, bool] = {}
@@ -252,16 +253,16 @@ class HostSampler:
     def processes(self, training: Iterable[TrainingProcess]) -> list[ProcessReading]:
         """One reading per training process and per worker of it; ``gone`` once for each that vanished."""
         out: list[ProcessReading] = []
-        wanted: set[int] = set()
+        wanted: set[tuple[str, str, int]] = set()
         for t in training:
             main = self._track(t.pid, t.run, t.rank, "main")
             if main is None:
                 continue
-            wanted.add(t.pid)
+            wanted.add((t.run, t.rank, t.pid))
             if main.gone:
                 continue  # said once; the channel unregisters it at its next liveness check
             workers = self._workers(main)
-            wanted.update(w.proc.pid for w in workers)
+            wanted.update((t.run, t.rank, w.proc.pid) for w in workers)
             reading = self._read(main)
             if reading.state == GONE:
                 main.gone = True
@@ -269,20 +270,20 @@ class HostSampler:
                 reading = _with(reading, workers=len(workers), cpu_limit_cores=main.cpu_limit)
             out.append(reading)
             out.extend(self._read(w) for w in workers)
-        for pid in [p for p in self._tracked if p not in wanted]:
-            del self._tracked[pid]  # unregistered, or a worker that ended: no longer sampled
+        for key in [k for k in self._tracked if k not in wanted]:
+            del self._tracked[key]  # unregistered, or a worker that ended: no longer sampled
         return out
 
     def _track(self, pid: int, run: str, rank: str, process: str) -> _Tracked | None:
-        t = self._tracked.get(pid)
-        if t is not None and (t.run, t.rank) == (run, rank):
+        t = self._tracked.get((run, rank, pid))
+        if t is not None:
             return t
         try:
             proc = psutil.Process(pid)
             proc.cpu_percent()  # primes the counter: the next call is the CPU share since now
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
-        t = self._tracked[pid] = _Tracked(proc, run, rank, process)
+        t = self._tracked[(run, rank, pid)] = _Tracked(proc, run, rank, process)
         if process == "main":
             t.cpu_limit = cgroup_cpu_limit(pid)
         return t
