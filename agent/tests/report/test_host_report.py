@@ -5,35 +5,52 @@ here each case's boundaries are pinned, the ones this 2-core machine cannot show
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+from pathlib import Path
 
 import pytest
+from support.fixtures import gpulse_cmd
+from test_report import make_steps
 
+from gpulse.lineprotocol.encode import Encoder
 from gpulse.report.diagnose import Thresholds
 from gpulse.report.host import LoadingCase, classify, summarize
 from gpulse.report.model import build_report
+from gpulse.schema import MEASUREMENTS
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
 
 
-def host_rows(n: int, cpus: int, idle_pct: float, iowait_pct: float = 0.0) -> list[dict]:
+def host_rows(
+    n: int, cpus: int, idle_pct: float, iowait_pct: float = 0.0, host: str = "n1", every: int = S, t0: int = T0
+) -> list[dict]:
     busy = 100.0 - idle_pct - iowait_pct
     return [
-        {"time": T0 + i * S, "host": "n1", "cpus": cpus, "cpu_busy_pct": busy, "cpu_idle_pct": idle_pct,
+        {"time": t0 + i * every, "host": host, "cpus": cpus, "cpu_busy_pct": busy, "cpu_idle_pct": idle_pct,
          "cpu_iowait_pct": iowait_pct, "cpu_steal_pct": 0.0, "disk_busy_pct": 40.0, "mem_available_bytes": 8 << 30}
         for i in range(n)
     ]  # fmt: skip
 
 
 def process_rows(
-    n: int, workers: int, worker: dict, main: dict, limit: float | None = None, read_bytes_per_s: float = 1e6
+    n: int,
+    workers: int,
+    worker: dict,
+    main: dict,
+    limit: float | None = None,
+    read_bytes_per_s: float = 1e6,
+    host: str = "n1",
+    run: str = "r1",
+    every: int = S,
 ) -> list[dict]:
     """``n`` samples of a main process and its workers; ``worker``/``main``: fields of every sample,
     with ``running`` and ``disk_sleep`` given as the share of samples where they are 1."""
     rows = []
     for i in range(n):
         for name, figures in [("main", main)] + [(f"worker{w}", worker) for w in range(workers)]:
-            row = {"time": T0 + i * S, "host": "n1", "run": "r1", "rank": "0", "process": name, "state": "sleeping"}
+            row = {"time": T0 + i * every, "host": host, "run": run, "rank": "0", "process": name, "state": "sleeping"}
             row.update(
                 cpu_pct=figures["cpu_pct"], read_bytes_per_s=read_bytes_per_s / max(workers, 1),
                 running=int(i < n * figures.get("running", 0.0)),
@@ -124,3 +141,47 @@ def test_the_report_s_finding_carries_the_case_and_its_action() -> None:
     (finding,) = [f for f in report.diagnosis if f.id == "data_loading"]
     assert finding.data["case"] == "cpu_bound_workers" and "num_workers=6" in finding.action
     assert report.to_json()["host"]["workers"] == 2
+
+
+def write_recording(path: Path, **rows: list[dict]) -> None:
+    """Rows of each measurement as line protocol, tags as the schema names them."""
+    enc = Encoder()
+    lines = []
+    for m, points in rows.items():
+        tags = MEASUREMENTS[m].all_tags
+        for r in points:
+            fields = {k: v for k, v in r.items() if k not in tags and k != "time"}
+            lines.append(enc.encode(m, {k: str(r[k]) for k in tags if k in r}, fields, r["time"]))
+    path.write_text("".join(lines))
+
+
+def test_the_report_from_influxdb_reads_the_run_s_host_points_as_from_a_file(tmp_path, clean_env, influxdb) -> None:
+    """The run's processes by its tag; the host points of its processes' hosts inside its window only."""
+    steps = make_steps(wait_s=0.1, host="n1")  # 2 ranks, 20 steps of 0.1 s wait + 0.1 s compute from T0
+    every = S // 10
+    rec = tmp_path / "rec.lp"
+    write_recording(
+        rec,
+        train_step=steps,
+        host=host_rows(30, 8, 60.0, every=every)  # the run's host, inside its window
+        + host_rows(5, 8, 0.0, t0=T0 + 3600 * S)  # the same host an hour later: not the run's
+        + host_rows(30, 8, 0.0, host="other", every=every),  # another host
+        host_process=process_rows(30, 2, {"cpu_pct": 98.0, "running": 1.0}, {"cpu_pct": 30.0}, every=every)
+        + process_rows(30, 1, {"cpu_pct": 1.0}, {"cpu_pct": 1.0}, run="another", host="other", every=every),
+    )
+    influxdb.write(rec.read_text())
+    conn = ("--url", influxdb.url, "--api", "v1", "--bucket", "gpulse")
+    reports = []
+    for name, src in (("db", conn), ("file", ("--from-file", str(rec)))):
+        res = subprocess.run(
+            gpulse_cmd("report", "--run", "r1", "--out", str(tmp_path / name), "--json", *src),
+            env=clean_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        reports.append(json.loads((tmp_path / name / "metrics_report.json").read_text()))
+    assert reports[0] == reports[1]
+    host = reports[0]["host"]
+    assert host["process_samples"] == 90 and host["workers"] == 2  # r1's main and two workers, 30 samples each
+    assert host["host_samples"] == 30 and host["free_cores"] == pytest.approx(4.8)  # n1 in the 4 s window only
+    (finding,) = [f for f in reports[0]["diagnosis"] if f["id"] == "data_loading"]
+    assert finding["data"]["case"] == "cpu_bound_workers"
