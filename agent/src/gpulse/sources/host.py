@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
@@ -111,6 +111,17 @@ class ProcessReading:
         return out
 
 
+@dataclass(frozen=True)
+class _NodeCounters:
+    """The node's cumulative counters at one instant (psutil's named tuples), for the next sample's rates."""
+
+    at: float
+    cpu: Any
+    swap: Any
+    disks: dict[str, Any]
+    net: dict[str, Any]
+
+
 @dataclass
 class _Counters:
     """A process's cumulative counters at one instant, for the next sample's rates."""
@@ -189,8 +200,7 @@ class HostSampler:
         self.clock = clock
         #: by (run, rank, pid): two runs (or ranks) in one process each keep their own counters
         self._tracked: dict[tuple[str, str, int], _Tracked] = {}
-        self._cpu: Any = None
-        self._node: tuple[float, Any, Any, dict[str, Any], Any] | None = None
+        self._node: _NodeCounters | None = None
         self._whole_disk: dict[str, bool] = {}
         self.cpus = psutil.cpu_count() or 1
 
@@ -201,45 +211,41 @@ class HostSampler:
         mem = psutil.virtual_memory()
         swap = psutil.swap_memory()
         disks = {k: v for k, v in psutil.disk_io_counters(perdisk=True, nowrap=True).items() if self._is_disk(k)}
-        nics = psutil.net_io_counters(pernic=True, nowrap=True)
-        net = [v for k, v in nics.items() if k != "lo"]
+        net = {k: v for k, v in psutil.net_io_counters(pernic=True, nowrap=True).items() if k != "lo"}
         base = {
             "cpus": self.cpus,
             "mem_total_bytes": mem.total,
             "mem_available_bytes": mem.available,
             "swap_used_bytes": swap.used,
         }
-        prev, self._node = self._node, (now, cpu, swap, disks, net)
+        prev, self._node = self._node, _NodeCounters(now, cpu, swap, disks, net)
         if prev is None:
             return NodeReading(**base)
-        t0, cpu0, swap0, disks0, net0 = prev
-        dt = now - t0
+        t0, dt = prev.at, now - prev.at
         # guest time is counted in user time already (proc(5)): left out of the total
-        total = _cpu_total(cpu) - _cpu_total(cpu0)
-        pct = (lambda a, b: 100.0 * (a - b) / total) if total > 0 else (lambda a, b: None)
-        idle = pct(cpu.idle, cpu0.idle)
-        iowait = pct(getattr(cpu, "iowait", 0.0), getattr(cpu0, "iowait", 0.0))
-        steal = pct(getattr(cpu, "steal", 0.0), getattr(cpu0, "steal", 0.0))
+        total = _cpu_total(cpu) - _cpu_total(prev.cpu)
+        idle = _share(cpu, prev.cpu, "idle", total)
+        iowait = _share(cpu, prev.cpu, "iowait", total)
+        steal = _share(cpu, prev.cpu, "steal", total)
         busy = None if idle is None else max(0.0, 100.0 - idle - (iowait or 0.0) - (steal or 0.0))
-        common = [k for k in disks if k in disks0]
-        busy_disk = [(disks[k].busy_time - disks0[k].busy_time) / (10 * dt) for k in common if dt > 0]
+        disks0 = [prev.disks[k] for k in disks if k in prev.disks]
+        disks1 = [disks[k] for k in disks if k in prev.disks]
+        nets0, nets1 = [prev.net[k] for k in net if k in prev.net], [net[k] for k in net if k in prev.net]
+        # busy_time is in ms: Δms / (10 × Δs) is the share of the interval in %
+        busy_disk = [(b.busy_time - a.busy_time) / (10 * dt) for a, b in zip(disks0, disks1, strict=True) if dt > 0]
         return NodeReading(
             **base,
             cpu_busy_pct=busy,
             cpu_idle_pct=idle,
             cpu_iowait_pct=iowait,
             cpu_steal_pct=steal,
-            swap_in_bytes_per_s=_per_s(now, t0, swap0.sin, swap.sin),
-            swap_out_bytes_per_s=_per_s(now, t0, swap0.sout, swap.sout),
-            disk_read_bytes_per_s=_sum_rate(
-                now, t0, [disks0[k] for k in common], [disks[k] for k in common], "read_bytes"
-            ),
-            disk_write_bytes_per_s=_sum_rate(
-                now, t0, [disks0[k] for k in common], [disks[k] for k in common], "write_bytes"
-            ),
+            swap_in_bytes_per_s=_per_s(now, t0, prev.swap.sin, swap.sin),
+            swap_out_bytes_per_s=_per_s(now, t0, prev.swap.sout, swap.sout),
+            disk_read_bytes_per_s=_sum_rate(now, t0, disks0, disks1, "read_bytes"),
+            disk_write_bytes_per_s=_sum_rate(now, t0, disks0, disks1, "write_bytes"),
             disk_busy_pct=min(100.0, max(busy_disk)) if busy_disk else None,
-            net_recv_bytes_per_s=_sum_rate(now, t0, net0, net, "bytes_recv") if len(net) == len(net0) else None,
-            net_sent_bytes_per_s=_sum_rate(now, t0, net0, net, "bytes_sent") if len(net) == len(net0) else None,
+            net_recv_bytes_per_s=_sum_rate(now, t0, nets0, nets1, "bytes_recv"),
+            net_sent_bytes_per_s=_sum_rate(now, t0, nets0, nets1, "bytes_sent"),
         )
 
     def _is_disk(self, name: str) -> bool:
@@ -267,7 +273,7 @@ class HostSampler:
             if reading.state == GONE:
                 main.gone = True
             else:
-                reading = _with(reading, workers=len(workers), cpu_limit_cores=main.cpu_limit)
+                reading = replace(reading, workers=len(workers), cpu_limit_cores=main.cpu_limit)
             out.append(reading)
             out.extend(self._read(w) for w in workers)
         for key in [k for k in self._tracked if k not in wanted]:
@@ -360,10 +366,6 @@ class HostSampler:
             return None
 
 
-def _with(r: ProcessReading, **changes: Any) -> ProcessReading:
-    return ProcessReading(**{**vars(r), **changes})
-
-
 def _io(p: psutil.Process) -> Any:
     """The process's I/O counters, ``None`` where the kernel does not let the agent read them."""
     try:
@@ -400,6 +402,13 @@ def _is_helper(pid: int) -> bool:
     except psutil.Error:
         return False
     return any(mark in cmd for mark in HELPER_MARKS)
+
+
+def _share(now: Any, before: Any, mode: str, total: float) -> float | None:
+    """The share of all CPU time spent in ``mode`` between two ``cpu_times()``, in %; ``None`` without time."""
+    if total <= 0:
+        return None
+    return 100.0 * (getattr(now, mode, 0.0) - getattr(before, mode, 0.0)) / total
 
 
 def _cpu_total(t: Any) -> float:
