@@ -93,6 +93,15 @@ def test_busy_workers_with_free_cores_get_one_more_worker_per_free_core() -> Non
     assert "num_workers=6" in d.action and "at 98% of a core each" in d.evidence
 
 
+def test_ranks_on_one_host_share_its_free_cores() -> None:
+    one = process_rows(10, 2, {"cpu_pct": 98.0, "running": 1.0}, {"cpu_pct": 30.0})
+    four = [{**r, "rank": str(k)} for k in range(4) for r in one]
+    s, d = case_of(host_rows(10, 16, idle_pct=60.0), four)  # 9.6 cores free, 4 ranks: 2 more workers each
+    assert s.ranks_per_host == 4 and "num_workers=4 per rank (4 ranks share the host)" in d.action
+    _, none = case_of(host_rows(10, 16, idle_pct=20.0), four)  # 3.2 free: less than one each
+    assert "num_workers=" not in none.action and "3.2 core(s) free for its 4 ranks" in none.action
+
+
 def test_busy_workers_on_a_host_without_a_free_core_get_no_more_workers() -> None:
     s, d = case_of(
         host_rows(10, 2, idle_pct=5.0), process_rows(10, 1, {"cpu_pct": 95.0, "running": 0.9}, {"cpu_pct": 90.0})

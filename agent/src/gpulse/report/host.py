@@ -18,7 +18,7 @@ they compete with the training process and each other, and the run gets slower.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -109,6 +109,7 @@ def summarize(host: Sequence[Row], processes: Sequence[Row]) -> HostSummary | No
         free_cores=_round(max(free, 0.0)) if free is not None else None,
         run_cpu_cores=_round(run_cores),
         workers=max(counts) if counts else len({r.get("process") for r in workers}),
+        ranks_per_host=max(Counter(h for h, _ in {(r.get("host"), r.get("rank")) for r in main}).values(), default=1),
         main_cpu_pct=_round(_mean(main, "cpu_pct")),
         main_running_ratio=_round(_mean(main, "running")),
         main_disk_sleep_ratio=_round(_mean(main, "disk_sleep")),
@@ -161,10 +162,15 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
     )
     free = s.free_cores
     can_grow = free is not None and free >= t.free_core_min
-    grow = f"num_workers={s.workers + math.floor(free)}" if can_grow and free is not None else ""
+    # the free cores are shared by the training processes on the host: each rank's loader gets its part
+    per_rank = math.floor(free / s.ranks_per_host) if free is not None else 0
+    can_grow = can_grow and per_rank >= 1
+    grow = f"num_workers={s.workers + per_rank}" if can_grow else ""
+    ranks = f" per rank ({s.ranks_per_host} ranks share the host)" if s.ranks_per_host > 1 else ""
+    shared = f" for its {s.ranks_per_host} ranks" if s.ranks_per_host > 1 else ""
     no_core = (
-        f"Do not add DataLoader workers: the host has {'no' if free is None else f'{free:.1f}'} core(s) free "
-        "(more workers would compete with the training process and each other, and slow the run). "
+        f"Do not add DataLoader workers: the host has {'no' if free is None else f'{free:.1f}'} core(s) free{shared} "
+        "(more workers would compete with the training processes and each other, and slow the run). "
     )
     iowait = s.avg_cpu_iowait_pct
     if (d_share or 0.0) >= t.loader_disk_sleep_ratio or (iowait or 0.0) >= t.loader_iowait_pct:
@@ -187,7 +193,7 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
             "decode on the GPU (DALI, torchvision.io.decode_jpeg(device='cuda'))."
         )
         action = (
-            f"Raise {grow} (one per free core), persistent_workers=True; or {lighten}"
+            f"Raise {grow}{ranks} (one per free core), persistent_workers=True; or {lighten}"
             if can_grow
             else f"{no_core}Instead {lighten}"
         )
@@ -197,7 +203,7 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
             return LoadingDiagnosis(
                 LoadingCase.TOO_FEW_WORKERS,
                 f"Too few workers: the training process loads its own batches. {main_line}",
-                f"Load in worker processes: DataLoader {grow} (the free cores), persistent_workers=True, "
+                f"Load in worker processes: DataLoader {grow}{ranks} (the free cores), persistent_workers=True, "
                 "pin_memory=True.",
             )
         return LoadingDiagnosis(

@@ -175,6 +175,8 @@ class HostSummary:
     #: CPU of the run's processes together, in cores, on average
     run_cpu_cores: float | None
     workers: int
+    #: training processes (ranks) sampled on one host, at most: they share its free cores
+    ranks_per_host: int
     main_cpu_pct: float | None
     main_running_ratio: float | None
     main_disk_sleep_ratio: float | None
