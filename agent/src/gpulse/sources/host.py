@@ -15,8 +15,9 @@ The training processes are those registered on the training channel (run, rank, 
 workers are their direct children (DataLoader workers are forked by the training process),
 numbered in order of appearance. Python's own multiprocessing helpers (resource tracker,
 forkserver) are children too but never load data, so they are left out. PIDs are the ones the
-training process sees: an agent in another PID namespace finds no such process and writes nothing
-for it.
+training process sees, so the agent must share its PID namespace (run it on the host, or with
+``--pid=host`` beside containers, as the GPU process list needs too): in another namespace the PID
+names no process, or another one.
 
 Memory: RSS is read every cycle (one read of ``/proc/PID/statm``); PSS, which splits the pages
 forked workers share copy-on-write among them (their RSS counts them once each, pytorch#13246),
