@@ -408,7 +408,7 @@ class Agent:
             self.delivery.submit(lines)
 
     def _host_lines(self, ts: int) -> list[str]:
-        """The ``host`` point and a ``host_process`` point per registered training process and worker.
+        """The ``host`` point and a ``host_process`` point per training process the channel names and per worker.
 
         A failure here is logged (counted) and costs the host points of this cycle only, never the GPUs'."""
         assert self.host_sampler is not None

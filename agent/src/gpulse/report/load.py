@@ -105,20 +105,20 @@ def load_influx(q: InfluxQL, run: str) -> RunData:
         window = run_window(data.steps, data.runs)
         hosts = sorted({str(r["host"]) for r in [*data.steps, *data.runs] if r.get("host")})
         if window and hosts:
-            host_clause = " OR ".join(f'"host" = {quote_string(h)}' for h in hosts)
-            rows = q.rows(
-                f"SELECT * FROM {_source(q, 'gpu')} WHERE ({host_clause}) AND time >= {window[0]} AND time <= {window[1]}"
-            )
-            data.gpu = select_gpu_rows(rows, run, data.steps, data.runs)
+            data.gpu = select_gpu_rows(_on_hosts(q, "gpu", hosts, window), run, data.steps, data.runs)
     data.host_process = q.rows(f"SELECT * FROM {_source(q, 'host_process')} WHERE {where}")
     scope = host_filter(data.host_process, data.steps, data.runs)
     if scope is not None:
-        hosts, (t0, t1) = scope
-        host_clause = " OR ".join(f'"host" = {quote_string(h)}' for h in sorted(hosts))
-        data.host = q.rows(
-            f"SELECT * FROM {_source(q, 'host')} WHERE ({host_clause}) AND time >= {t0} AND time <= {t1}"
-        )
+        data.host = _on_hosts(q, "host", sorted(scope[0]), scope[1])
     return data
+
+
+def _on_hosts(q: InfluxQL, measurement: str, hosts: Sequence[str], window: tuple[int, int]) -> list[Row]:
+    """Every point of ``measurement`` from ``hosts`` inside ``window`` (Unix ns, both ends included)."""
+    host_clause = " OR ".join(f'"host" = {quote_string(h)}' for h in hosts)
+    return q.rows(
+        f"SELECT * FROM {_source(q, measurement)} WHERE ({host_clause}) AND time >= {window[0]} AND time <= {window[1]}"
+    )
 
 
 # -- recording files --------------------------------------------------------------------------------
