@@ -171,3 +171,25 @@ def test_two_ranks_in_one_process_each_get_their_cpu_share(procs) -> None:
     time.sleep(0.5)
     second = sampler.processes(targets)
     assert [r.rank for r in second] == ["0", "1"] and all(r.cpu_pct is not None and r.cpu_pct > 10 for r in second)
+
+
+def test_a_worker_that_ended_unreaped_is_one_gone_reading_then_nothing(procs) -> None:
+    code = (
+        "import os, sys, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.stdin.readline(); os._exit(0)\n"
+        "print(pid, flush=True)\n"
+        "time.sleep(60)\n"  # never reaps its child: it stays a zombie
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    procs.append(p)
+    worker = int(p.stdout.readline())
+    sampler = HostSampler()
+    target = [TrainingProcess("r1", "0", p.pid)]
+    assert [r.process for r in sampler.processes(target)] == ["main", "worker0"]
+    p.stdin.write("\n")
+    p.stdin.flush()
+    wait_until(lambda: psutil.Process(worker).status() == psutil.STATUS_ZOMBIE, what="the worker's end")
+    assert [(r.process, r.state) for r in sampler.processes(target)][1] == ("worker0", "gone")
+    assert [r.process for r in sampler.processes(target)] == ["main"]

@@ -258,7 +258,8 @@ class HostSampler:
 
     # -- the training processes -------------------------------------------------------------------
     def processes(self, training: Iterable[TrainingProcess]) -> list[ProcessReading]:
-        """One reading per training process and per worker of it; ``gone`` once for each that vanished."""
+        """One reading per training process and per worker of it; ``gone`` once for each that vanished
+        (a worker when seen ended but not yet reaped; once reaped it is no longer a child, nor sampled)."""
         out: list[ProcessReading] = []
         wanted: set[tuple[str, str, int]] = set()
         for t in training:
@@ -271,12 +272,10 @@ class HostSampler:
             workers = self._workers(main)
             wanted.update((t.run, t.rank, w.proc.pid) for w in workers)
             reading = self._read(main)
-            if reading.state == GONE:
-                main.gone = True
-            else:
+            if reading.state != GONE:
                 reading = replace(reading, workers=len(workers), cpu_limit_cores=main.cpu_limit)
             out.append(reading)
-            out.extend(self._read(w) for w in workers)
+            out.extend(self._read(w) for w in workers if not w.gone)
         for key in [k for k in self._tracked if k not in wanted]:
             del self._tracked[key]  # unregistered, or a worker that ended: no longer sampled
         return out
@@ -314,6 +313,7 @@ class HostSampler:
         return out
 
     def _read(self, t: _Tracked) -> ProcessReading:
+        """The process's reading; ``gone`` (and marked so) when it ended."""
         p = t.proc
         now = self.clock()
         try:
@@ -327,10 +327,11 @@ class HostSampler:
                 io = _io(p)
             pss = self._pss(t, now)
         except psutil.NoSuchProcess:
-            return ProcessReading(t.run, t.rank, t.process, p.pid, GONE)
+            state = GONE
         except psutil.AccessDenied:
             return ProcessReading(t.run, t.rank, t.process, p.pid, "no_permission")
-        if state == psutil.STATUS_ZOMBIE:
+        if state in (GONE, psutil.STATUS_ZOMBIE):
+            t.gone = True
             return ProcessReading(t.run, t.rank, t.process, p.pid, GONE)
         if not t.primed:  # the priming call was in this same cycle: no interval to speak of
             t.primed, cpu = True, None
