@@ -193,7 +193,7 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
             "decode on the GPU (DALI, torchvision.io.decode_jpeg(device='cuda'))."
         )
         action = (
-            f"Raise {grow}{ranks} (one per free core), persistent_workers=True; or {lighten}"
+            f"Raise DataLoader {grow}{ranks}: {free:.1f} core(s) are free; set persistent_workers=True. Or {lighten}"
             if can_grow
             else f"{no_core}Instead {lighten}"
         )
@@ -203,8 +203,8 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
             return LoadingDiagnosis(
                 LoadingCase.TOO_FEW_WORKERS,
                 f"Too few workers: the training process loads its own batches. {main_line}",
-                f"Load in worker processes: DataLoader {grow}{ranks} (the free cores), persistent_workers=True, "
-                "pin_memory=True.",
+                f"Load in worker processes: DataLoader {grow}{ranks} ({free:.1f} core(s) are free), "
+                "persistent_workers=True, pin_memory=True.",
             )
         return LoadingDiagnosis(
             LoadingCase.NO_FREE_CORE,
