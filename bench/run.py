@@ -14,6 +14,7 @@ import time
 
 import bench_e2e
 import bench_encoding
+import bench_host
 import bench_import
 import bench_ingest
 import bench_memory
@@ -29,6 +30,7 @@ SECTIONS = (
     ("5. end to end", bench_e2e),
     ("6. memory", bench_memory),
     ("7. import", bench_import),
+    ("8. host sampling", bench_host),
 )
 KEYS = (
     "encoder_speedup",
@@ -51,6 +53,7 @@ KEYS = (
     "agent_rss_mib_end",
     "training_import_ms",
     "import_ratio_vs_torch",
+    "cycle_cpu_ratio_host_vs_without",
 )
 
 

@@ -37,6 +37,7 @@ KEYS = {
     "agent_rss_mib_end",
     "training_import_ms",
     "import_ratio_vs_torch",
+    "cycle_cpu_ratio_host_vs_without",
 }
 
 

@@ -106,6 +106,7 @@ TRAINING_CLOSURE = (
     "gpulse.report.diagnose",
     "gpulse.report.records",
     "gpulse.report.units",
+    "gpulse.report.host",
 )
 
 

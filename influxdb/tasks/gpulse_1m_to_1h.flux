@@ -18,7 +18,9 @@ means = () =>
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(active)$/)
             or (r._measurement == "gpu_process" and r._field =~ /^(mem_used_bytes|sm_util_pct|mem_util_pct)$/)
             or (r._measurement == "agent" and r._field =~ /^(cycle_ms|gpus|gpus_lost|spool_bytes|buffer_lines|write_latency_ms|last_write_age_s|runs_registered|uptime_s)$/)
-            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
+            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/)
+            or (r._measurement == "host" and r._field =~ /^(cpus|cpu_busy_pct|cpu_idle_pct|cpu_iowait_pct|cpu_steal_pct|mem_total_bytes|mem_available_bytes|swap_used_bytes|swap_in_bytes_per_s|swap_out_bytes_per_s|disk_read_bytes_per_s|disk_write_bytes_per_s|disk_busy_pct|net_recv_bytes_per_s|net_sent_bytes_per_s)$/)
+            or (r._measurement == "host_process" and r._field =~ /^(running|disk_sleep|cpu_pct|mem_rss_bytes|mem_pss_bytes|read_bytes_per_s|write_bytes_per_s|read_chars_per_s|threads|workers)$/))
 
 means()
     |> aggregateWindow(every: 1h, fn: mean, createEmpty: false, timeSrc: "_start")
@@ -32,7 +34,9 @@ maxima = () =>
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(active_max)$/)
             or (r._measurement == "gpu_process" and r._field =~ /^(mem_used_bytes_max|sm_util_pct_max|mem_util_pct_max)$/)
             or (r._measurement == "agent" and r._field =~ /^(cycle_ms_max|gpus_max|gpus_lost_max|spool_bytes_max|buffer_lines_max|write_latency_ms_max|last_write_age_s_max|runs_registered_max|uptime_s_max)$/)
-            or (r._measurement == "train_step" and r._field =~ /^(step_time_s_max|data_wait_s_max|forward_s_max|backward_s_max|optimizer_s_max|forward_gpu_s_max|backward_gpu_s_max|optimizer_gpu_s_max|comm_s_max|comm_in_flight_s_max|samples_max|tokens_max|samples_per_s_max|tokens_per_s_max|tflops_max|mfu_max|mem_allocated_bytes_max|mem_reserved_bytes_max|mem_peak_bytes_max)$/))
+            or (r._measurement == "train_step" and r._field =~ /^(step_time_s_max|data_wait_s_max|forward_s_max|backward_s_max|optimizer_s_max|forward_gpu_s_max|backward_gpu_s_max|optimizer_gpu_s_max|comm_s_max|comm_in_flight_s_max|samples_max|tokens_max|samples_per_s_max|tokens_per_s_max|tflops_max|mfu_max|mem_allocated_bytes_max|mem_reserved_bytes_max|mem_peak_bytes_max)$/)
+            or (r._measurement == "host" and r._field =~ /^(cpus_max|cpu_busy_pct_max|cpu_idle_pct_max|cpu_iowait_pct_max|cpu_steal_pct_max|mem_total_bytes_max|mem_available_bytes_max|swap_used_bytes_max|swap_in_bytes_per_s_max|swap_out_bytes_per_s_max|disk_read_bytes_per_s_max|disk_write_bytes_per_s_max|disk_busy_pct_max|net_recv_bytes_per_s_max|net_sent_bytes_per_s_max)$/)
+            or (r._measurement == "host_process" and r._field =~ /^(running_max|disk_sleep_max|cpu_pct_max|mem_rss_bytes_max|mem_pss_bytes_max|read_bytes_per_s_max|write_bytes_per_s_max|read_chars_per_s_max|threads_max|workers_max)$/))
 
 maxima()
     |> aggregateWindow(every: 1h, fn: max, createEmpty: false, timeSrc: "_start")
@@ -46,7 +50,9 @@ minima = () =>
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(active_min)$/)
             or (r._measurement == "gpu_process" and r._field =~ /^(mem_used_bytes_min|sm_util_pct_min|mem_util_pct_min)$/)
             or (r._measurement == "agent" and r._field =~ /^(cycle_ms_min|gpus_min|gpus_lost_min|spool_bytes_min|buffer_lines_min|write_latency_ms_min|last_write_age_s_min|runs_registered_min|uptime_s_min)$/)
-            or (r._measurement == "train_step" and r._field =~ /^(step_time_s_min|data_wait_s_min|forward_s_min|backward_s_min|optimizer_s_min|forward_gpu_s_min|backward_gpu_s_min|optimizer_gpu_s_min|comm_s_min|comm_in_flight_s_min|samples_min|tokens_min|samples_per_s_min|tokens_per_s_min|tflops_min|mfu_min|mem_allocated_bytes_min|mem_reserved_bytes_min|mem_peak_bytes_min)$/))
+            or (r._measurement == "train_step" and r._field =~ /^(step_time_s_min|data_wait_s_min|forward_s_min|backward_s_min|optimizer_s_min|forward_gpu_s_min|backward_gpu_s_min|optimizer_gpu_s_min|comm_s_min|comm_in_flight_s_min|samples_min|tokens_min|samples_per_s_min|tokens_per_s_min|tflops_min|mfu_min|mem_allocated_bytes_min|mem_reserved_bytes_min|mem_peak_bytes_min)$/)
+            or (r._measurement == "host" and r._field =~ /^(cpus_min|cpu_busy_pct_min|cpu_idle_pct_min|cpu_iowait_pct_min|cpu_steal_pct_min|mem_total_bytes_min|mem_available_bytes_min|swap_used_bytes_min|swap_in_bytes_per_s_min|swap_out_bytes_per_s_min|disk_read_bytes_per_s_min|disk_write_bytes_per_s_min|disk_busy_pct_min|net_recv_bytes_per_s_min|net_sent_bytes_per_s_min)$/)
+            or (r._measurement == "host_process" and r._field =~ /^(running_min|disk_sleep_min|cpu_pct_min|mem_rss_bytes_min|mem_pss_bytes_min|read_bytes_per_s_min|write_bytes_per_s_min|read_chars_per_s_min|threads_min|workers_min)$/))
 
 minima()
     |> aggregateWindow(every: 1h, fn: min, createEmpty: false, timeSrc: "_start")

@@ -18,7 +18,9 @@ means = () =>
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(active)$/)
             or (r._measurement == "gpu_process" and r._field =~ /^(mem_used_bytes|sm_util_pct|mem_util_pct)$/)
             or (r._measurement == "agent" and r._field =~ /^(cycle_ms|gpus|gpus_lost|spool_bytes|buffer_lines|write_latency_ms|last_write_age_s|runs_registered|uptime_s)$/)
-            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
+            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/)
+            or (r._measurement == "host" and r._field =~ /^(cpus|cpu_busy_pct|cpu_idle_pct|cpu_iowait_pct|cpu_steal_pct|mem_total_bytes|mem_available_bytes|swap_used_bytes|swap_in_bytes_per_s|swap_out_bytes_per_s|disk_read_bytes_per_s|disk_write_bytes_per_s|disk_busy_pct|net_recv_bytes_per_s|net_sent_bytes_per_s)$/)
+            or (r._measurement == "host_process" and r._field =~ /^(running|disk_sleep|cpu_pct|mem_rss_bytes|mem_pss_bytes|read_bytes_per_s|write_bytes_per_s|read_chars_per_s|threads|workers)$/))
 
 means()
     |> aggregateWindow(every: 1m, fn: mean, createEmpty: false, timeSrc: "_start")
@@ -32,7 +34,9 @@ maxima = () =>
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(active)$/)
             or (r._measurement == "gpu_process" and r._field =~ /^(mem_used_bytes|sm_util_pct|mem_util_pct)$/)
             or (r._measurement == "agent" and r._field =~ /^(cycle_ms|gpus|gpus_lost|spool_bytes|buffer_lines|write_latency_ms|last_write_age_s|runs_registered|uptime_s)$/)
-            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
+            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/)
+            or (r._measurement == "host" and r._field =~ /^(cpus|cpu_busy_pct|cpu_idle_pct|cpu_iowait_pct|cpu_steal_pct|mem_total_bytes|mem_available_bytes|swap_used_bytes|swap_in_bytes_per_s|swap_out_bytes_per_s|disk_read_bytes_per_s|disk_write_bytes_per_s|disk_busy_pct|net_recv_bytes_per_s|net_sent_bytes_per_s)$/)
+            or (r._measurement == "host_process" and r._field =~ /^(running|disk_sleep|cpu_pct|mem_rss_bytes|mem_pss_bytes|read_bytes_per_s|write_bytes_per_s|read_chars_per_s|threads|workers)$/))
 
 maxima()
     |> aggregateWindow(every: 1m, fn: max, createEmpty: false, timeSrc: "_start")
@@ -47,7 +51,9 @@ minima = () =>
             or (r._measurement == "gpu_nvlink" and r._field =~ /^(active)$/)
             or (r._measurement == "gpu_process" and r._field =~ /^(mem_used_bytes|sm_util_pct|mem_util_pct)$/)
             or (r._measurement == "agent" and r._field =~ /^(cycle_ms|gpus|gpus_lost|spool_bytes|buffer_lines|write_latency_ms|last_write_age_s|runs_registered|uptime_s)$/)
-            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/))
+            or (r._measurement == "train_step" and r._field =~ /^(step_time_s|data_wait_s|forward_s|backward_s|optimizer_s|forward_gpu_s|backward_gpu_s|optimizer_gpu_s|comm_s|comm_in_flight_s|samples|tokens|samples_per_s|tokens_per_s|tflops|mfu|mem_allocated_bytes|mem_reserved_bytes|mem_peak_bytes)$/)
+            or (r._measurement == "host" and r._field =~ /^(cpus|cpu_busy_pct|cpu_idle_pct|cpu_iowait_pct|cpu_steal_pct|mem_total_bytes|mem_available_bytes|swap_used_bytes|swap_in_bytes_per_s|swap_out_bytes_per_s|disk_read_bytes_per_s|disk_write_bytes_per_s|disk_busy_pct|net_recv_bytes_per_s|net_sent_bytes_per_s)$/)
+            or (r._measurement == "host_process" and r._field =~ /^(running|disk_sleep|cpu_pct|mem_rss_bytes|mem_pss_bytes|read_bytes_per_s|write_bytes_per_s|read_chars_per_s|threads|workers)$/))
 
 minima()
     |> aggregateWindow(every: 1m, fn: min, createEmpty: false, timeSrc: "_start")

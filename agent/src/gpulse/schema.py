@@ -440,8 +440,91 @@ TRAIN_EVENT = Measurement(
     downsampled=False,
 )
 
+HOST = Measurement(
+    "host",
+    "The node beside the GPUs, every sampling cycle (`gpulse.sources.host`): CPU, memory, disks, network. "
+    "Rates and CPU shares are over the cycle, from two readings of the kernel's counters, so the agent's "
+    "first cycle has none. Turn off with `host_metrics = false`.",
+    ("host",),
+    (
+        _f("cpus", "int", "count", "logical CPUs online"),
+        _f("cpu_busy_pct", "float", "%", "CPU time spent working, all CPUs (100 = every CPU busy): user, system, irq"),
+        _f("cpu_idle_pct", "float", "%", "CPU time idle, not waiting for I/O"),
+        _f(
+            "cpu_iowait_pct",
+            "float",
+            "%",
+            "CPU time idle while I/O was pending (only counted when a CPU has nothing else to do)",
+        ),
+        _f("cpu_steal_pct", "float", "%", "CPU time the hypervisor gave to other guests"),
+        _f("mem_total_bytes", "int", "B", "physical memory"),
+        _f("mem_available_bytes", "int", "B", "memory available to new work without swapping (MemAvailable)"),
+        _f("swap_used_bytes", "int", "B", "swap in use"),
+        _f("swap_in_bytes_per_s", "float", "B/s", "swapped in from disk"),
+        _f("swap_out_bytes_per_s", "float", "B/s", "swapped out to disk"),
+        _f("disk_read_bytes_per_s", "float", "B/s", "read from all block devices (whole disks, not partitions)"),
+        _f("disk_write_bytes_per_s", "float", "B/s", "written to all block devices"),
+        _f("disk_busy_pct", "float", "%", "the busiest block device's busy time (100: at its limit for one queue)"),
+        _f("net_recv_bytes_per_s", "float", "B/s", "received on all interfaces but loopback"),
+        _f("net_sent_bytes_per_s", "float", "B/s", "sent on all interfaces but loopback"),
+    ),
+)
+
+HOST_PROCESS = Measurement(
+    "host_process",
+    "Each registered training process (`process=main`) and its DataLoader workers (its children, "
+    "`process=worker0`, `worker1`, ... in order of appearance), every sampling cycle. The pid is a field; "
+    "`run` and `rank` come from the process's registration on the training channel. A process that ended "
+    "is one point with `state=gone`.",
+    ("host", "process"),
+    (
+        _i("pid", "int", "", "process id (as the agent sees it)"),
+        _i("state", "str", "", "psutil status: running, sleeping, disk-sleep, ..., gone, no_permission"),
+        _f(
+            "running",
+            "int",
+            "0/1",
+            "1 when running or runnable (state R): mean = share of the time on or waiting for a CPU",
+        ),
+        _f(
+            "disk_sleep",
+            "int",
+            "0/1",
+            "1 when in uninterruptible sleep (state D, blocked on I/O): mean = share of the time",
+        ),
+        _f("cpu_pct", "float", "%", "CPU used over the cycle, in % of one core (100 = a full core; more with threads)"),
+        _f("mem_rss_bytes", "int", "B", "resident memory (counts pages shared with other workers once per process)"),
+        _f(
+            "mem_pss_bytes",
+            "int",
+            "B",
+            "proportional set size (shared pages split among their users), every ~10 s where the agent may read it",
+        ),
+        _f("read_bytes_per_s", "float", "B/s", "read from block devices (page-cache hits excluded)"),
+        _f("write_bytes_per_s", "float", "B/s", "written to block devices"),
+        _f("read_chars_per_s", "float", "B/s", "read through read() and friends, page-cache hits included"),
+        _f("threads", "int", "count", "threads of the process"),
+        _f("workers", "int", "count", "worker processes of a main process"),
+        _i("cpu_limit_cores", "float", "cores", "the CPU limit of the main process's cgroup, absent when unlimited"),
+    ),
+    optional_tags=("run", "rank"),
+)
+
 MEASUREMENTS: dict[str, Measurement] = {
-    m.name: m for m in (GPU, GPU_NVLINK, GPU_INFO, GPU_PROCESS, GPU_EVENT, AGENT, TRAIN_STEP, TRAIN_RUN, TRAIN_EVENT)
+    m.name: m
+    for m in (
+        GPU,
+        GPU_NVLINK,
+        GPU_INFO,
+        GPU_PROCESS,
+        GPU_EVENT,
+        AGENT,
+        TRAIN_STEP,
+        TRAIN_RUN,
+        TRAIN_EVENT,
+        HOST,
+        HOST_PROCESS,
+    )
 }
 
 #: Limits on what a point may carry (the agent validates training records against these).

@@ -121,6 +121,8 @@ class AgentConfig:
     socket: str | None = None  # None: the protocol's default path
     socket_group: str | None = None
     no_socket: bool = False
+    #: do not sample the host beside the GPUs (measurements ``host`` and ``host_process``)
+    no_host_metrics: bool = False
     host: str = ""
     duration: float | None = None
     shutdown_timeout: float = 5.0
@@ -158,6 +160,7 @@ _SETTINGS: dict[str, _Conv] = {
     "socket": _str,
     "socket_group": _str,
     "no_socket": _bool,
+    "no_host_metrics": _bool,
     "host": _str,
     "duration": _float,
     "shutdown_timeout": _float,

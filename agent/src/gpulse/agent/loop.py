@@ -38,6 +38,7 @@ from gpulse.agent.status_line import StatusLine
 from gpulse.lineprotocol.encode import Encoder, Series
 from gpulse.schema import GPU_TAGS, MEASUREMENTS
 from gpulse.sources.base import GpuIdentity, GpuSource, Reading, SourceUnavailable
+from gpulse.sources.host import HostSampler, TrainingProcess
 from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.agent")
@@ -54,6 +55,8 @@ _CLOCK_STEP_NS = 100_000_000
 #: The latest ``gpu_info`` of each GPU is written again this often, so it stays inside the raw
 #: retention however long the agent runs (the inventory panels read it from the raw tier).
 GPU_INFO_EVERY_S = 3600
+#: ``host_process`` series kept encoded (run, rank, process); past this the cache starts afresh.
+MAX_PROCESS_SERIES = 4096
 
 
 def make_source(cfg: AgentConfig) -> GpuSource:
@@ -170,6 +173,9 @@ class Agent:
         self._agent_series = self.encoder.series("agent", {"host": cfg.host})
         self._gpu_info: dict[int, Reading] = {}
         self._gpu_info_due = 0
+        self.host_sampler = None if cfg.no_host_metrics else HostSampler()
+        self._host_series = self.encoder.series("host", {"host": cfg.host})
+        self._process_series: dict[tuple[str, str, str], Series] = {}
 
     # -- control (signal handlers and tests) ------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -395,9 +401,42 @@ class Agent:
             if text is not None:
                 lines.append(text)
                 points[r.measurement] = points.get(r.measurement, 0) + 1
+        if self.host_sampler is not None:
+            lines += self._host_lines(ts)
         if lines:
             self.counters.lines_submitted += len(lines)
             self.delivery.submit(lines)
+
+    def _host_lines(self, ts: int) -> list[str]:
+        """The ``host`` point and a ``host_process`` point per training process the channel names and per worker.
+
+        A failure here is logged (counted) and costs the host points of this cycle only, never the GPUs'."""
+        assert self.host_sampler is not None
+        try:
+            training = self.receiver.training_processes() if self.receiver is not None else []
+            node = self.host_sampler.node()
+            procs = self.host_sampler.processes(TrainingProcess(*t) for t in training)
+        except Exception as e:
+            _rlog.log(f"host-{type(e).__name__}", logging.ERROR, "host sampling failed (counted): %r", e)
+            return []
+        cache = self._process_series
+        if len(cache) > MAX_PROCESS_SERIES:
+            cache.clear()
+        points = [(self._host_series, node.fields())]
+        for p in procs:
+            key = (p.run, p.rank, p.process)
+            series = cache.get(key)
+            if series is None:
+                series = cache[key] = self.encoder.series("host_process", {"host": self.cfg.host, **p.tags})
+            points.append((series, p.fields()))
+        out = []
+        counts = self.counters.points
+        for series, fields in points:
+            text = self.encoder.line(series, fields, ts)
+            if text is not None:
+                out.append(text)
+                counts[series.measurement] = counts.get(series.measurement, 0) + 1
+        return out
 
     def _with_gpu_info(self, readings: list[Reading], ts: int) -> list[Reading]:
         """Remember each GPU's latest ``gpu_info``; repeat it (stamped ``ts``) every GPU_INFO_EVERY_S."""

@@ -100,6 +100,8 @@ class TrainingReceiver:
         self._stop = threading.Event()
         self._clients: dict[Any, _Client] = {}
         self._registrations: dict[tuple[str, str, int], protocol.Register] = {}
+        #: (run, rank, pid) named by runs' start points and not ended yet
+        self._started: set[tuple[str, str, int]] = set()
         self._gpu_runs: dict[str, str] = {}
         self.runs_version = 0
         self._max_ticket = 0
@@ -251,6 +253,7 @@ class TrainingReceiver:
                 line = self._encoder.line(msg.series, msg.fields, msg.ts)
                 if line is not None:
                     lines.append(line)
+                self._note_start(raw, msg)
             elif not self._register(msg):
                 if msg.seq is not None:
                     max_seq = max(max_seq, msg.seq)  # rejected, and acked like any rejected message
@@ -372,6 +375,7 @@ class TrainingReceiver:
         return True
 
     def _check_liveness(self) -> None:
+        self._started = {k for k in self._started if pid_alive(k[2])}
         dead = [k for k, r in self._registrations.items() if not pid_alive(r.pid)]
         if dead:
             for k in dead:
@@ -387,6 +391,23 @@ class TrainingReceiver:
         if mapping != self._gpu_runs:
             self._gpu_runs = mapping
             self.runs_version += 1
+
+    def training_processes(self) -> list[tuple[str, str, int]]:
+        """(run, rank, pid) of the live training processes, whose host side the agent samples: the
+        registered ones (GPU runs) and those whose run's start point named them (``pid``), GPU or not."""
+        regs = {(r.run, r.rank, r.pid) for r in list(self._registrations.values())}
+        return sorted(regs | set(list(self._started)))
+
+    def _note_start(self, raw: Any, msg: CheckedPoint) -> None:
+        """Remember the process a ``train_run`` start point names until its end point (or its end)."""
+        pid = msg.fields.get("pid")
+        if msg.series.measurement != "train_run" or type(pid) is not int:
+            return
+        key = (msg.run, str(raw["tags"].get("rank", "0")), pid)  # tags that passed the validator
+        if msg.fields.get("event") == "end":
+            self._started.discard(key)
+        elif msg.fields.get("event") == "start" and len(self._started) < MAX_REGISTRATIONS:
+            self._started.add(key)
 
     def gpu_runs(self) -> dict[str, str]:
         """GPU uuid -> run id for the GPUs of registered, live training processes."""

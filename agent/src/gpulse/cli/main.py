@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 #: The modules of the agent's dependencies (the ``agent`` extra in agent/pyproject.toml), which a
 #: training environment's ``pip install gpulse`` leaves out; only the commands below run without them.
-AGENT_EXTRA_MODULES = ("pynvml", "tenacity", "docker")
+AGENT_EXTRA_MODULES = ("pynvml", "tenacity", "docker", "psutil")
 WITHOUT_AGENT_EXTRA = frozenset(("report", "schema"))
 
 

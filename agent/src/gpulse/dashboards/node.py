@@ -9,6 +9,7 @@ the GPUs sorted by value.
 
 from __future__ import annotations
 
+from gpulse.dashboards import host_panels
 from gpulse.dashboards.builder import (
     Annotation,
     Column,
@@ -205,6 +206,7 @@ def build() -> Dashboard:
             width=8,
         ),
     )
+    d.row("Host beside the GPUs", *host_panels.node())
     d.row(
         "Pipes and occupancy",
         timeseries(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpulse.dashboards import node
+from gpulse.dashboards import host_panels, node
 from gpulse.dashboards.builder import (
     Annotation,
     Column,
@@ -314,6 +314,7 @@ def build() -> Dashboard:
             min=0,
         ),
     )
+    d.row("The run's processes on the host", *host_panels.run_processes())
     d.row(
         "The run's GPUs",
         timeseries(

@@ -47,6 +47,7 @@ energy and throttling, the GPU events (XID, ECC, lost), and the rules that need 
 | `per_gpu`, `per_rank` | the spread: one entry per GPU and per rank (`slowdown_vs_median` per rank) |
 | `gpu_events` | XID, ECC and GPU-lost events of the run's GPUs during the run |
 | `hints` | what a distributed run did not measure, and the call that measures it |
+| `host` | the host beside the run's GPUs, from the agent's `host` and `host_process` points: cores free, the training processes' and DataLoader workers' CPU and their shares on a CPU and blocked on disk (null without them); the `data_loading` finding names its case from it |
 | `diagnosis` | findings: `id`, `title`, `evidence` (numbers), `threshold`, `action` |
 | `not_evaluated` | checks skipped for lack of data (e.g. no GPU samples) |
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
+from gpulse.report.host import classify
 from gpulse.report.records import Finding, GpuEvent, GpuSummary, NodeReport, RunReport
 from gpulse.report.units import duration
 
@@ -39,6 +40,19 @@ class Thresholds:
 
     data_loading_ratio: float = _limit(
         0.15, "ratio", "data_loading_time_ratio above this: the input pipeline starves the GPU"
+    )
+    loader_busy_ratio: float = _limit(
+        0.5,
+        "ratio",
+        "data loading's case: loaders (the workers, else the training process) on or waiting for a CPU at least "
+        "this share of samples are CPU-bound",
+    )
+    loader_disk_sleep_ratio: float = _limit(
+        0.2, "ratio", "... loaders blocked on block I/O (state D) at least this share of samples: I/O-bound"
+    )
+    loader_iowait_pct: float = _limit(20.0, "%", "... or the host's CPUs in iowait at least this on average: I/O-bound")
+    free_core_min: float = _limit(
+        1.0, "cores", "more DataLoader workers are advised only with at least this many cores free on the host"
     )
     communication_ratio: float = _limit(0.05, "ratio", "communication_time_ratio above this: exposed communication")
     starved_util_pct: float = _limit(
@@ -112,6 +126,8 @@ class Hit:
     evidence: str
     threshold: str
     data: dict[str, Any] = field(default_factory=dict)
+    #: what to do in this case, where it differs from the rule's general action
+    action: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,10 +254,18 @@ def gpu_errors(r: RunReport, t: Thresholds) -> Outcome:
 @rule(
     "data_loading",
     "Input pipeline bottleneck: training waits for data",
-    thresholds=("data_loading_ratio",),
-    action="Raise DataLoader num_workers (e.g. to the CPU cores per GPU), set persistent_workers=True and "
-    "prefetch_factor=4, pin_memory=True; move decoding/tokenization/augmentation out of __getitem__ "
-    "(pre-tokenize, cache) or onto the GPU.",
+    thresholds=(
+        "data_loading_ratio",
+        "loader_busy_ratio",
+        "loader_disk_sleep_ratio",
+        "loader_iowait_pct",
+        "free_core_min",
+    ),
+    action="With the agent's host figures the finding names the case and its action (gpulse.report.host): "
+    "I/O-bound (faster or local storage, fewer larger files, caching), CPU-bound workers or too few workers "
+    "(more DataLoader workers only while the host has a free core; else cheaper items: pre-tokenize, cache, "
+    "decode on the GPU). Without them: add workers only if the host has idle cores, set persistent_workers=True "
+    "and pin_memory=True, and move decoding/tokenization out of __getitem__.",
 )
 def data_loading(r: RunReport, t: Thresholds) -> Outcome:
     dl = r.data_loading_time_ratio
@@ -249,12 +273,17 @@ def data_loading(r: RunReport, t: Thresholds) -> Outcome:
         return NotEvaluated("no data_wait_s in the steps")
     if dl <= t.data_loading_ratio:
         return None
-    return Hit(
+    wait = (
         f"{_pct(dl)} of step time is spent waiting for the next batch "
-        f"(mean wait {r.phases_s.get('data_wait', 0):.4f} s per step vs {r.step_time_s.mean or 0:.4f} s of compute).",
-        f"data_loading_time_ratio > {t.data_loading_ratio}",
-        {"ratio": dl},
+        f"(mean wait {r.phases_s.get('data_wait', 0):.4f} s per step vs {r.step_time_s.mean or 0:.4f} s of compute)."
     )
+    threshold = f"data_loading_time_ratio > {t.data_loading_ratio}"
+    if r.host is None:
+        return Hit(
+            wait + " No host figures for this run (the agent samples them beside the GPUs).", threshold, {"ratio": dl}
+        )
+    case = classify(r.host, t)
+    return Hit(f"{wait} {case.evidence}", threshold, {"ratio": dl, "case": case.case.value}, action=case.action)
 
 
 @rule(
@@ -455,7 +484,8 @@ def diagnose(report: RunReport | NodeReport, t: Thresholds) -> tuple[list[Findin
         if isinstance(outcome, NotEvaluated):
             skipped.append(f"{r.id}: {outcome.why}")
         elif isinstance(outcome, Hit):
-            found.append(Finding(r.id, r.title, outcome.evidence, outcome.threshold, r.action, dict(outcome.data)))
+            action = outcome.action or r.action
+            found.append(Finding(r.id, r.title, outcome.evidence, outcome.threshold, action, dict(outcome.data)))
     if isinstance(report, RunReport):
         for f in found:
             _beside(report, f)

@@ -36,6 +36,9 @@ class RunData:
     events: list[Row] = field(default_factory=list)
     #: ``gpu_event`` rows of the run's GPUs during the run
     gpu_events: list[Row] = field(default_factory=list)
+    #: the agent's points of the run's processes (tagged with the run) and of their hosts in the run's window
+    host_process: list[Row] = field(default_factory=list)
+    host: list[Row] = field(default_factory=list)
     #: lines of the input files that could not be read (line number, file, why)
     bad_lines: list[tuple[str, int, str]] = field(default_factory=list)
 
@@ -104,6 +107,15 @@ def select_gpu_events(
     return [dict(e) for e in gpu_events if e.get("uuid") in uuids and window[0] <= int(e.get("time") or 0) <= window[1]]
 
 
+def host_filter(
+    processes: Sequence[Row], steps: Sequence[Row], runs: Sequence[Row]
+) -> tuple[set[str], tuple[int, int]] | None:
+    """The hosts of the run's sampled processes and the run's window: which ``host`` points are the run's."""
+    window = run_window(steps, runs)
+    hosts = {str(r["host"]) for r in processes if r.get("host")}
+    return (hosts, window) if window and hosts else None
+
+
 # -- InfluxDB ---------------------------------------------------------------------------------------
 def _source(q: InfluxQL, measurement: str) -> str:
     rp = q.conn.retention_policy
@@ -133,6 +145,10 @@ def load_influx(q: InfluxQL, run: str) -> RunData:
         events=q.rows(f"SELECT * FROM {_source(q, 'train_event')} WHERE {where}"),
     )
     data.gpu = q.rows(f"SELECT * FROM {_source(q, 'gpu')} WHERE {where}")
+    data.host_process = q.rows(f"SELECT * FROM {_source(q, 'host_process')} WHERE {where}")
+    scope = host_filter(data.host_process, data.steps, data.runs)
+    if scope is not None:
+        data.host = _on_hosts(q, "host", sorted(scope[0]), scope[1])
     window = run_window(data.steps, data.runs)
     if window is None:
         return data
@@ -152,6 +168,14 @@ def load_influx(q: InfluxQL, run: str) -> RunData:
         events = q.rows(f"SELECT * FROM {_source(q, 'gpu_event')} WHERE {_any_of('uuid', uuids)} AND {between}")
         data.gpu_events = select_gpu_events(events, data.gpu, window)
     return data
+
+
+def _on_hosts(q: InfluxQL, measurement: str, hosts: Sequence[str], window: tuple[int, int]) -> list[Row]:
+    """Every point of ``measurement`` from ``hosts`` inside ``window`` (Unix ns, both ends included)."""
+    host_clause = " OR ".join(f'"host" = {quote_string(h)}' for h in hosts)
+    return q.rows(
+        f"SELECT * FROM {_source(q, measurement)} WHERE ({host_clause}) AND time >= {window[0]} AND time <= {window[1]}"
+    )
 
 
 # -- recording files --------------------------------------------------------------------------------
@@ -194,4 +218,9 @@ def load_files(rows: Mapping[str, list[Row]], run: str) -> RunData:
     data = RunData(steps=pick("train_step"), runs=pick("train_run"), events=pick("train_event"))
     data.gpu = select_gpu_rows(rows.get("gpu", []), run, data.steps, data.runs, rows.get("gpu_process", []))
     data.gpu_events = select_gpu_events(rows.get("gpu_event", []), data.gpu, run_window(data.steps, data.runs))
+    data.host_process = pick("host_process")
+    scope = host_filter(data.host_process, data.steps, data.runs)
+    if scope is not None:
+        hosts, (t0, t1) = scope
+        data.host = [r for r in rows.get("host", []) if r.get("host") in hosts and t0 <= int(r.get("time") or 0) <= t1]
     return data

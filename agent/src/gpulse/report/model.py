@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpulse.report.diagnose import diagnose, resolve_thresholds
+from gpulse.report.host import summarize as summarize_host
 from gpulse.report.records import (
     REPORT_VERSION,
     GpuEvent,
@@ -416,9 +417,13 @@ def build_report(
     thresholds: Mapping[str, float] | None = None,
     partial_reason: str | None = None,
     gpu_events: Sequence[Row] = (),
+    *,
+    host: Sequence[Row] = (),
+    host_process: Sequence[Row] = (),
 ) -> RunReport:
     """The run report with its diagnosis; ``thresholds`` overrides diagnosis thresholds by name.
-    ``partial_reason`` says why the caller could not get every rank's points."""
+    ``partial_reason`` says why the caller could not get every rank's points. ``host`` and
+    ``host_process`` are the agent's points of the run's hosts and processes (``report.load``)."""
     limits = resolve_thresholds(thresholds)
     steps = sorted(steps, key=lambda r: (step_end_ns(r), rank_key(r)))
     info, own = _run_info(steps, runs)
@@ -500,6 +505,7 @@ def build_report(
         ),
         thresholds=limits.as_dict(),
         hints=_hints(info, steps),
+        host=summarize_host(host, host_process),
     )
     report.diagnosis, report.not_evaluated = diagnose(report, limits)
     return report

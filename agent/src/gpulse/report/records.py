@@ -189,6 +189,39 @@ class Sources:
 
 
 @dataclass
+class HostSummary:
+    """The host beside the run's GPUs over its window (``host`` and ``host_process`` points), as the
+    data-loading finding reads it. Shares are of samples (``running``: on or waiting for a CPU;
+    ``disk_sleep``: blocked on block I/O); CPU is in % of one core. "Loaders" are the workers, or the
+    training process itself when it has none (``num_workers=0``: it loads its own batches)."""
+
+    host_samples: int
+    process_samples: int
+    cpus: int | None
+    #: the training process's cgroup CPU limit, where it has one
+    cpu_limit_cores: float | None
+    avg_cpu_busy_pct: float | None
+    avg_cpu_iowait_pct: float | None
+    avg_cpu_steal_pct: float | None
+    max_disk_busy_pct: float | None
+    #: cores neither the host nor the cgroup limit keeps busy, on average (idle + iowait, less the limit's use)
+    free_cores: float | None
+    #: CPU of the run's processes together, in cores, on average
+    run_cpu_cores: float | None
+    workers: int
+    #: training processes (ranks) sampled on one host, at most: they share its free cores
+    ranks_per_host: int
+    main_cpu_pct: float | None
+    main_running_ratio: float | None
+    main_disk_sleep_ratio: float | None
+    worker_cpu_pct: float | None
+    worker_running_ratio: float | None
+    worker_disk_sleep_ratio: float | None
+    loaders_read_bytes_per_s: float | None
+    min_mem_available_bytes: int | None
+
+
+@dataclass
 class Finding:
     """One diagnosis: what was seen (numbers), the threshold crossed, and what to change."""
 
@@ -257,6 +290,8 @@ class RunReport:
     not_evaluated: list[str] = field(default_factory=list)
     #: one-line advice on what the run did not measure and how to get it
     hints: list[str] = field(default_factory=list)
+    #: the host beside the GPUs (``None`` without the agent's host_process points for the run)
+    host: HostSummary | None = None
 
     def to_json(self) -> dict[str, Any]:
         return as_json(self)

@@ -19,6 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--simulate", type=int, metavar="N", help="simulate N GPUs instead of reading NVML")
     g.add_argument("--simulate-model", metavar="MODEL", help="H100 (default), A100 or RTX4090")
     g.add_argument("--seed", type=int, metavar="N", help="seed of the simulated GPUs (default 0)")
+    g.add_argument(
+        "--no-host-metrics",
+        action="store_true",
+        default=None,
+        help="do not sample the host's CPU, memory, disks, network and training processes",
+    )
     g.add_argument("--host", metavar="NAME", help="host tag (default: this machine's hostname)")
     g.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until signalled)")
     g.add_argument(

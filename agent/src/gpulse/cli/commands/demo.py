@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from gpulse.delivery.oneshot import deliver_batches
     from gpulse.lineprotocol.encode import Encoder
     from gpulse.sinks.factory import build_sinks
-    from gpulse.sources import scenario
+    from gpulse.sources import scenario, scenario_host
 
     if args.gpus < 2 or args.hours <= 0 or args.interval <= 0:
         raise ConfigError("--gpus must be at least 2, --hours and --interval positive")
@@ -101,8 +101,11 @@ def run(args: argparse.Namespace) -> int:
     enc = Encoder()
     gpu, uuids = scenario.gpu_lines(tl, run_id, seed=args.seed, interval_s=args.interval, encoder=enc)
     train = scenario.training_lines(tl, run_id, uuids, seed=args.seed, encoder=enc)
-    agent = scenario.agent_lines(tl, len(gpu), len(train.lines), gpus=args.gpus, seed=args.seed, encoder=enc)
-    lines = gpu + train.lines + agent
+    host = scenario_host.host_lines(tl, run_id, seed=args.seed, encoder=enc)
+    agent = scenario.agent_lines(
+        tl, len(gpu) + len(host), len(train.lines), gpus=args.gpus, seed=args.seed, encoder=enc
+    )
+    lines = gpu + train.lines + host + agent
     counts = Counter(line.split(",", 1)[0] for line in lines)
 
     where = conn.describe() if conn.url else args.record
@@ -198,7 +201,15 @@ def _report(args: argparse.Namespace, conn, run_id: str) -> int:
     else:
         rows, _bad = read_points([args.record])
         data = load_files(rows, run_id)
-    report = build_report(data.steps, data.gpu, data.runs, data.events, gpu_events=data.gpu_events)
+    report = build_report(
+        data.steps,
+        data.gpu,
+        data.runs,
+        data.events,
+        gpu_events=data.gpu_events,
+        host=data.host,
+        host_process=data.host_process,
+    )
     print()
     _json, html = write_run_report(report, args.out, steps=data.steps, gpu=data.gpu, events=data.events, html=True)
     print(f"the run's report: {html}; again any time: {report_command(args, conn, run_id)}")

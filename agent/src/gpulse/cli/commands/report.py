@@ -96,7 +96,16 @@ def run(args: argparse.Namespace) -> int:
     if data.empty:
         print(f"gpulse report: no points for run {run_id!r}", file=sys.stderr)
         return 1
-    report = build_report(data.steps, data.gpu, data.runs, data.events, thresholds, gpu_events=data.gpu_events)
+    report = build_report(
+        data.steps,
+        data.gpu,
+        data.runs,
+        data.events,
+        thresholds,
+        gpu_events=data.gpu_events,
+        host=data.host,
+        host_process=data.host_process,
+    )
     write_run_report(
         report, args.out, steps=data.steps, gpu=data.gpu, events=data.events, html=args.html, as_json=args.json
     )

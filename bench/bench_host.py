@@ -1,0 +1,108 @@
+"""8. Host sampling cost: the agent's CPU per cycle with the host beside the GPUs sampled, against the
+same agent with ``--no-host-metrics``, in the same run.
+
+The real agent (8 simulated GPUs, 10 Hz, recording to a file, training channel open) runs beside a
+real training process (``gpulse.training.Run``, which names its pid in its start point) with four
+forked workers, so a host cycle reads the node and five processes. The two agents alternate, each
+run for the same time; the figure is the sampling thread's CPU per cycle from the agent's own final
+summary (``cycle_cpu_ms``), the whole process's (``cpu_ms_per_cycle``) beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, Table, scale
+
+WORKERS = 4
+_TRAINER = r"""
+import os, sys, time
+from gpulse.training import Run
+run = Run(name="bench-host", output_dir=sys.argv[2], socket_path=sys.argv[1], write_report=False)
+for _ in range({workers}):
+    if os.fork() == 0:
+        time.sleep(3600)
+        os._exit(0)
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def _agent(tmp: Path, host: bool, seconds: float) -> dict[str, float]:
+    """One agent run beside one trainer; its final summary."""
+    sock = tmp / f"agent-{host}.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "agent" / "src"), env.get("PYTHONPATH", "")])
+    args = ["--simulate", "8", "--interval", "0.1", "--record", str(tmp / "rec.lp"), "--socket", str(sock)]
+    args += ["--spool-dir", str(tmp / "spool"), *([] if host else ["--no-host-metrics"])]
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpulse", "agent", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    trainer = None
+    try:
+        while not sock.exists():
+            time.sleep(0.05)
+        code = _TRAINER.format(workers=WORKERS)
+        trainer = subprocess.Popen(
+            [sys.executable, "-c", code, str(sock), str(tmp / "out")],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group: the workers end with it
+        )
+        assert trainer.stdout is not None and trainer.stdout.readline().strip() == "ready"
+        time.sleep(seconds)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+        if trainer is not None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
+    final = next(
+        json.loads(line)["final"] for line in reversed(err.decode().splitlines()) if line.startswith('{"final"')
+    )
+    points = final["points"]
+    if host:
+        assert points.get("host_process", 0) > 0, points  # the trainer and its workers were sampled
+    return {"cycle_cpu_ms": final["cycle_cpu_ms"], "cpu_ms_per_cycle": final["cpu_ms_per_cycle"]}
+
+
+def run(table: Table) -> dict[str, float]:
+    reps, seconds = scale(3, 1), scale(6, 2)
+    with_host: list[dict[str, float]] = []
+    without: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(reps):
+            for host in (True, False):
+                tmp = Path(d) / f"{i}-{host}"
+                tmp.mkdir()
+                (with_host if host else without).append(_agent(tmp, host, seconds))
+    cyc = statistics.median(r["cycle_cpu_ms"] for r in with_host)
+    cyc0 = statistics.median(r["cycle_cpu_ms"] for r in without)
+    proc = statistics.median(r["cpu_ms_per_cycle"] for r in with_host)
+    proc0 = statistics.median(r["cpu_ms_per_cycle"] for r in without)
+    table.add(
+        f"sampling thread CPU per cycle, 8 GPUs + host and {1 + WORKERS} processes",
+        f"{cyc:.2f} ms",
+        f"{cyc0:.2f} ms --no-host-metrics",
+        f"{cyc / cyc0:.2f}x",
+    )
+    table.add(
+        "agent process CPU per cycle, same runs",
+        f"{proc:.2f} ms",
+        f"{proc0:.2f} ms --no-host-metrics",
+        f"{proc / proc0:.2f}x",
+    )
+    return {"cycle_cpu_ratio_host_vs_without": round(cyc / cyc0, 3)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(Table())))
