@@ -396,6 +396,8 @@ class FakeInfluxV3:
         self.triggers: dict[str, Trigger] = {}
         self.files: dict[tuple[str, str], list[int]] = {}  # (db, table) -> gen1 block start of each Parquet file
         self._unpersisted: set[tuple[str, str, int]] = set()
+        #: (method, path) of every request, in order: what a client asked for (a re-run setup: nothing mutating)
+        self.requests: list[tuple[str, str]] = []
         self.cluster_uuid = str(uuid.uuid4())
         self.process_id = str(uuid.uuid4())
         self._lock = threading.Lock()
@@ -457,6 +459,8 @@ class FakeInfluxV3:
     def _serve(self, h: BaseHTTPRequestHandler) -> None:
         u = urllib.parse.urlsplit(h.path)
         raw = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        with self._lock:
+            self.requests.append((h.command, u.path))
         try:
             answer = self._route(h.command, u.path, u.query, h.headers, raw)
         except Refused as e:

@@ -39,7 +39,7 @@ def check_database(ctx: Context) -> Result:
             return fail("database", d.detail, advice.no_database(conn, without))
         return fail("database", d.detail, d.fix)  # not InfluxDB, or the other generation than --api
     ctx.server = info
-    return ok("database", f"{conn.url} answers (InfluxDB {info.version})")
+    return ok("database", f"{conn.url} answers ({info.describe()})")
 
 
 @contextlib.contextmanager
@@ -298,12 +298,12 @@ def check_downsampling(ctx: Context) -> Result:
 
 def check_clock(ctx: Context, now: Callable[[], float] = time.time) -> Result:
     """Compare this host's clock with the server's ``Date`` header (1 s resolution, so ±1 s)."""
-    from gpulse.influx.server import ServerProblem, probe
+    from gpulse.influx.server import ServerProblem, probe_with
 
     conn = ctx.conn
     t0 = now()
     try:
-        date = probe(conn.url or "", timeout_s=conn.timeout_s, verify_tls=conn.verify_ssl).date
+        date = probe_with(conn).date
     except ServerProblem as e:
         return skip("clock", f"{e.diagnosis.detail}, skew not measured")
     t1 = now()
