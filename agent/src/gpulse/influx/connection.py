@@ -87,7 +87,8 @@ class Connection:
         """A one-line description, safe for logs (no secret)."""
         where = self.url or "(no database: recording only)"
         auth = f"token from {self.token_source}" if self.token else "no token"
-        return f"{where} api={self.api} org={self.org} bucket={self.bucket} ({auth})"
+        dest = f"database={self.bucket}" if self.api == "v3" else f"org={self.org} bucket={self.bucket}"
+        return f"{where} api={self.api} {dest} ({auth})"
 
     def http_client(self, *, timeout_s: float | None = None, max_body: int | None = None) -> HttpClient:
         """A client for this connection: its URL, credentials, deadline and TLS check (``timeout_s`` and

@@ -1,4 +1,4 @@
-"""``gpulse setup``: buckets or retention policies, DBRP mappings, downsampling and the Grafana token.
+"""``gpulse setup``: buckets, retention policies or databases, DBRP mappings, downsampling and the Grafana token.
 
 Idempotent: safe to run on every ``docker compose up`` (the stack's ``setup`` service does). Prints
 one line per object with what it did, then a summary; exits 1 with a clear message on a problem.
@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grafana-token-file",
         metavar="PATH",
-        help="v2: write a read-only token for Grafana here (0600) when the file is missing, empty or its token no longer works",
+        help="v2: write a read-only token for Grafana here (0600) when the file is missing, empty or its token no "
+        "longer works; v3 Core: the admin token (Core has only admin tokens)",
     )
     parser.add_argument(
         "--run-downsampling",
@@ -50,9 +51,11 @@ def run(args: argparse.Namespace) -> int:
                 print("gpulse setup: --grafana-token-file is for InfluxDB 2.x; ignored with --api v1", file=sys.stderr)
             report = impl.setup_v1(conn, raw_retention=args.raw_retention, minute_retention=args.minute_retention)
         else:
-            from gpulse.influx.setup import v2 as impl  # type: ignore[no-redef]
+            from gpulse.influx.setup import v2, v3
 
-            report = impl.setup_v2(
+            impl = v3 if conn.api == "v3" else v2  # type: ignore[assignment]
+            setup = v3.setup_v3 if conn.api == "v3" else v2.setup_v2
+            report = setup(
                 conn,
                 raw_retention=args.raw_retention,
                 minute_retention=args.minute_retention,
