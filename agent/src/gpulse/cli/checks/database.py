@@ -1,4 +1,5 @@
-"""Database checks, in the order one explains the next: the server (one probe decides v1 or v2),
+"""Database checks, in the order one explains the next: the server (one probe decides v1, v2 or v3:
+InfluxDB 3's own checks are in :mod:`gpulse.cli.checks.database_v3`),
 the credentials, the bucket the agent writes to, the downsampling layout, its runs, the clock.
 
 Every refusal is classified by :func:`gpulse.influx.server.diagnose`, so the doctor says what
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpulse.cli import advice
+from gpulse.cli.checks import database_v3
 from gpulse.cli.checks.base import Check, Context, Result, fail, ok, skip
 from gpulse.influx.connection import Connection
 
@@ -67,6 +69,8 @@ def _refusal(name: str, status: int | None, message: str, diagnosis: Any) -> Res
 def check_token(ctx: Context) -> Result:
     """The server accepts the credentials (v1 ``SHOW DATABASES``, v2 the buckets API)."""
     conn = ctx.conn
+    if conn.api == "v3":
+        return database_v3.check_token(ctx)
     if conn.api == "v1":
         from gpulse.influx.query import QueryError
 
@@ -98,6 +102,8 @@ def check_bucket(ctx: Context) -> Result:
     from gpulse.influx.server import missing_bucket, missing_database, missing_org, missing_retention_policy
 
     conn = ctx.conn
+    if conn.api == "v3":
+        return database_v3.check_bucket(ctx, _setup_fix(conn))
     if conn.api == "v1":
         from gpulse.influx.query import QueryError
         from gpulse.influx.quoting import quote_ident
@@ -168,6 +174,8 @@ def check_layout(ctx: Context) -> Result:
     conn = ctx.conn
     tiers = [RAW, *(t.name for t in TIERS)]
     fix = _setup_fix(conn)
+    if conn.api == "v3":
+        return database_v3.check_layout(ctx, fix)
     if conn.api == "v1":
         from gpulse.influx.query import QueryError
         from gpulse.influx.quoting import quote_ident
@@ -251,6 +259,8 @@ def check_downsampling(ctx: Context) -> Result:
 
     conn = ctx.conn
     fix = _setup_fix(conn)
+    if conn.api == "v3":
+        return database_v3.check_downsampling(ctx, fix)
     if conn.api == "v1":
         from gpulse.influx.query import QueryError
 

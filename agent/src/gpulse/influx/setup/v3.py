@@ -133,15 +133,23 @@ def ensure_plugin(api: AdminAPIv3, report: SetupReport) -> None:
 
 
 def existing_triggers(api: AdminAPIv3, db: str) -> dict[str, ExistingTrigger]:
-    arguments: dict[str, dict[str, str]] = {}
-    for r in api.system(db, "processing_engine_trigger_arguments"):
-        arguments.setdefault(r["trigger_name"], {})[r["argument_key"]] = r["argument_value"]
+    triggers = api.system(db, "processing_engine_triggers")
+    return existing_triggers_from_rows(triggers, api.system(db, "processing_engine_trigger_arguments"))
+
+
+def existing_triggers_from_rows(
+    triggers: list[dict[str, Any]], arguments: list[dict[str, Any]]
+) -> dict[str, ExistingTrigger]:
+    """The rows of ``system.processing_engine_triggers`` and ``..._trigger_arguments`` as typed records."""
+    args: dict[str, dict[str, str]] = {}
+    for r in arguments:
+        args.setdefault(r["trigger_name"], {})[r["argument_key"]] = r["argument_value"]
     return {
         r["trigger_name"]: ExistingTrigger(
             r["trigger_name"], r["plugin_filename"], r["trigger_specification"], bool(r.get("disabled")),
-            arguments.get(r["trigger_name"], {}),
+            args.get(r["trigger_name"], {}),
         )
-        for r in api.system(db, "processing_engine_triggers")
+        for r in triggers
     }  # fmt: skip
 
 
