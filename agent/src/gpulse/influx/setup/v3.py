@@ -30,7 +30,7 @@ from gpulse.influx.engine_plugin import Edition, Trigger, database_name
 from gpulse.influx.http import HTTPStatusError, TransportError
 from gpulse.influx.server import ServerInfo, ServerProblem, probe_connection
 from gpulse.influx.setup.common import SetupError, SetupReport, influx_duration, retentions
-from gpulse.influx.setup.v2 import AdminAPI, write_secret
+from gpulse.influx.setup.v2 import QUERY_TIMEOUT_S, AdminAPI, write_secret
 from gpulse.influx.tiers import RAW, TIERS
 
 PLUGIN_FILE = Path(engine_plugin.PLUGIN_PATH).name
@@ -245,5 +245,6 @@ def downsample_now(conn: Connection, start_ns: int, end_ns: int) -> list[dict[st
         for tier in TIERS:
             params = {"tier": tier.name, "start": str(start_ns), "stop": str(end_ns)}
             path = f"/api/v3/engine/{engine_plugin.RECOMPUTE_PATH}"
-            out.append(api.call("GET", path, f"downsample to {database_name(conn.bucket, tier.name)}", params=params))
+            what = f"downsample to {database_name(conn.bucket, tier.name)}"
+            out.append(api.call("GET", path, what, params=params, timeout_s=QUERY_TIMEOUT_S))
     return out
