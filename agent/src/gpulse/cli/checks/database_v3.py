@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpulse.cli.checks.answers import get_json
 from gpulse.cli.checks.base import Context, Result, fail, ok
 
 
 def _get(ctx: Context, path: str, params: dict[str, Any], name: str) -> Any:
-    from gpulse.cli.checks.database import _v2_get  # one GET with refusals classified, for either API
-
-    return _v2_get(ctx, path, params, name=name)
+    return get_json(ctx, path, params, name=name)
 
 
 def _system(ctx: Context, db: str, table: str, name: str) -> list[dict[str, Any]] | Result:
