@@ -116,3 +116,15 @@ def test_without_the_admin_token_or_on_another_server_setup_says_what_to_do(tmp_
         with pytest.raises(SetupError) as other:
             setup_v3(Connection(url=v2.url, api="v3", token=v2.state.operator_token))
     assert str(other.value).startswith(f"{v2.url} is InfluxDB") and "use --api v2" in str(other.value)
+
+
+@pytest.mark.parametrize("api", ["v2", "v1"])
+def test_setup_for_another_generation_on_a_3x_server_says_use_api_v3(api, tmp_path, clean_env):
+    """The probe carries the token, so a 3.x server that asks for it on /ping is recognised, not refused."""
+    with running(token=TOKEN) as fake:
+        tokens = token_file(tmp_path, TOKEN if api == "v2" else f"admin:{TOKEN}")
+        args = ("setup", "--api", api, "--url", fake.url, "--token-file", str(tokens))
+        r = subprocess.run(gpulse_cmd(*args), env=clean_env, capture_output=True, text=True, timeout=60)
+        assert mutations(fake) == []
+    assert r.returncode == 1
+    assert f"{fake.url} is InfluxDB 3 Core 3.10.0-nightly: use --api v3" in r.stderr

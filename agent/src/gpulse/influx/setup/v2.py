@@ -161,7 +161,7 @@ class AdminAPI:
 
 def check_server(conn: Connection) -> str:
     """InfluxDB 2.x (or newer) that is healthy and onboarded; returns its version."""
-    info = probe(conn.url or "", conn.timeout_s)
+    info = probe(conn)
     wrong = info.mismatch("v2", admin=True)
     if wrong is not None:
         raise SetupError(str(wrong))
