@@ -84,3 +84,17 @@ def test_a_body_over_the_servers_limit_is_too_large_and_delivery_splits_it(tmp_p
         stored = len(fake.engine.rows("gpulse", "gpu"))
     assert e.value.kind is ErrorKind.TOO_LARGE and e.value.status == 413
     assert (result.written, result.rejected, stored) == (40, 0, 40)
+
+
+def test_a_line_over_a_schema_limit_is_a_422_partial_write_handled_the_same_way(tmp_path):
+    wide = "wide,host=h " + ",".join(f"f{i}=1" for i in range(501)) + f" {T0}\n"  # 500 columns per table
+    with running(token=TOKEN) as fake:
+        sink = InfluxV3Sink(fake.url, TOKEN, "gpulse")
+        with pytest.raises(WriteError) as e:
+            sink.write([lp(1), wide])
+        result = sender(sink, tmp_path).send([lp(2), wide])
+        sink.close()
+        stored = sorted(r["gpu"] for r in fake.engine.rows("gpulse", "gpu"))
+    assert e.value.status == 422 and e.value.kind is ErrorKind.REJECTED and e.value.bad_lines == (1,)
+    assert (result.written, result.rejected, stored) == (1, 1, ["1", "2"])
+    assert "exceed number of columns per table limit of 500" in (tmp_path / "dead.lp").read_text()
