@@ -481,6 +481,45 @@ def test_on_influxdb_2_the_doctor_checks_the_token_buckets_dbrps_and_the_last_ta
         assert missing.status is Status.FAIL and "bucket 'nope' does not exist in org 'gpulse'" in missing.detail
 
 
+def test_on_influxdb_3_the_doctor_checks_the_token_databases_triggers_and_plugin(tmp_path: Path) -> None:
+    """:mod:`support.fake_influx_v3` stands in for InfluxDB 3 Core (no 3.x server runs here); the real
+    ``gpulse setup`` code prepares it. No DBRP, bucket or task is looked for: 3.x has none."""
+    from support.fake_influx_v3 import running
+
+    from gpulse.influx.setup.v3 import PLUGIN_FILE, setup_v3
+
+    with running(token="apiv3_t") as fake:
+        conn = Connection(url=fake.url, api="v3", token="apiv3_t", token_source="file t")
+        ctx = Context(AgentConfig(connection=conn, simulate=1), live=True)
+        database_ok = database.check_database(ctx)
+        assert database_ok.status is Status.OK and "InfluxDB 3 Core 3." in database_ok.detail
+        assert database.check_token(ctx).status is Status.OK
+        bare = [database.check_bucket(ctx), database.check_layout(ctx), database.check_downsampling(ctx)]
+        assert [r.status for r in bare] == [Status.FAIL] * 3
+        assert "database 'gpulse' does not exist" in bare[0].detail
+        assert all(f"gpulse setup --url {fake.url} --api v3" in r.fix for r in bare)
+        setup_v3(conn)
+        layout, ds = database.check_layout(ctx), database.check_downsampling(ctx)
+        assert database.check_bucket(ctx).status is Status.OK
+        assert (
+            layout.status is Status.OK
+            and layout.detail == "databases gpulse (30d), gpulse/1m (400d), gpulse/1h (forever)"
+        )
+        assert (
+            ds.status is Status.OK and "gpulse_1m (cron:0 1/10 * * * *)" in ds.detail and "core look-back" in ds.detail
+        )
+        fake.triggers["gpulse_1h"].disabled = True
+        assert "differ from this gpulse's (core) or are disabled" in database.check_downsampling(ctx).detail
+        fake.triggers["gpulse_1h"].disabled = False
+        (fake.plugin_dir / PLUGIN_FILE).write_text("# old\n")
+        assert database.check_downsampling(ctx).detail == f"the plugin file {PLUGIN_FILE} differs from this gpulse's"
+        bad = Connection(url=fake.url, api="v3", token="apiv3_not-it", token_source="file t")
+        refused = database.check_database(Context(AgentConfig(connection=bad), live=True))
+        assert refused.status is Status.FAIL and "refused the ones given" in refused.detail
+        assert "apiv3_not-it" not in refused.detail + refused.fix
+        assert database.check_clock(ctx).status is Status.OK  # the Date header of a /ping with the token
+
+
 # -- GPUs through NVML: the stand-in under the real bindings ---------------------------------------------
 def test_the_gpu_check_lists_what_each_gpu_supports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """:class:`FakeNvml` stands in for the NVIDIA driver under the real ``pynvml`` module: two H100s

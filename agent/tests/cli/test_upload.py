@@ -283,3 +283,38 @@ def test_progress_in_a_log_is_one_line_every_ten_seconds_and_nothing_for_short_w
     short.update(10)
     short.finish()
     assert quiet.getvalue() == ""
+
+
+def test_on_influxdb_3_a_line_the_server_refuses_is_the_only_one_not_written(tmp_path: Path, clean_env):
+    """``--api v3`` writes through ``/api/v3/write_lp`` with partial writes (the 3.x stand-in,
+    ``support.fake_influx_v3``): a line whose field type conflicts with the stored column is
+    dead-lettered with the server's reason, the rest land in one request."""
+    import urllib.request
+
+    from support.fake_influx_v3 import running
+
+    t0 = time.time_ns() - 10**9 * 60
+    text = recording(20, t0=t0)
+    tokens = tmp_path / "token"
+    tokens.write_text("apiv3_t\n")
+    tokens.chmod(0o600)
+    with running(token="apiv3_t") as fake:
+        # the column already holds integers: the file's float util_gpu_pct is refused by the server only
+        req = urllib.request.Request(
+            f"{fake.url}/api/v3/write_lp?db=gpulse&precision=ns",
+            data=f"gpu,host=node0 util_gpu_pct=1i {t0}".encode(),
+            headers={"Authorization": "Token apiv3_t"},
+        )
+        urllib.request.urlopen(req, timeout=10).close()
+        f = tmp_path / "rec.lp"
+        f.write_text(text)
+        res = subprocess.run(
+            gpulse_cmd("upload", "--api", "v3", "--url", fake.url, "--token-file", str(tokens), str(f)),
+            env=clean_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        steps = fake.engine.rows("gpulse", "train_step")
+        writes = [r for r in fake.requests if r == ("POST", "/api/v3/write_lp")]
+    assert "to InfluxDB 3 Core 3.10.0-nightly, InfluxDB 3 API at" in res.stderr + res.stdout
+    assert len(steps) == 20 and len(writes) == 2  # the direct write above, then one for the whole file
+    assert "uploaded 20 lines" in res.stdout and "1 rejected by the server" in res.stdout, res.stdout + res.stderr
+    assert "line 21: invalid column type for column 'util_gpu_pct'" in res.stderr

@@ -88,6 +88,15 @@ the ``request:<path>`` trigger's ``process_request`` (H ``processing_engine_requ
 plugin that raises answers 500 ``{"error": ...}``, no such trigger 404 ``{error: "not found"}``, not
 JSON). Scheduled triggers do not tick by themselves: :meth:`FakeInfluxV3.run_trigger` runs one tick.
 
+**System tables** on ``GET /api/v3/query_sql?db=&q=&format=json`` (H ``query_sql``;
+``influxdb3_system_tables/src/lib.rs`` ``AllSystemSchemaTablesProvider``): ``SELECT * FROM system.<t>``
+for ``databases`` and ``plugin_files`` (database ``_internal`` only) and ``processing_engine_triggers``,
+``processing_engine_trigger_arguments`` (of the database named), with those files' columns
+(``databases.rs``, ``plugins.rs``: the files of triggers only, ``python_call.rs``); JSON rows with null
+columns left out (arrow's JSON writer). Any other SQL runs on the database's tables in DataFusion.
+``DELETE /api/v3/configure/processing_engine_trigger?db=&trigger_name=&force=true`` deletes a trigger
+(H ``delete_processing_engine_trigger``; none -> 404, the catalog's words approximated).
+
 **InfluxQL** on ``/query`` (``core/iox_v1_query_api/src/handler.rs``; ``iox_query_influxql_rewrite``
 ``resolve_dbrp``): the database is ``"db"."rp"`` in the query as ``db/rp``, else the ``db`` parameter;
 a retention policy without a database (``FROM "1h"."gpu"``) and the ``rp=`` parameter are dropped: the
@@ -396,6 +405,8 @@ class FakeInfluxV3:
         self.triggers: dict[str, Trigger] = {}
         self.files: dict[tuple[str, str], list[int]] = {}  # (db, table) -> gen1 block start of each Parquet file
         self._unpersisted: set[tuple[str, str, int]] = set()
+        #: (method, path) of every request, in order: what a client asked for (a re-run setup: nothing mutating)
+        self.requests: list[tuple[str, str]] = []
         self.cluster_uuid = str(uuid.uuid4())
         self.process_id = str(uuid.uuid4())
         self._lock = threading.Lock()
@@ -457,6 +468,8 @@ class FakeInfluxV3:
     def _serve(self, h: BaseHTTPRequestHandler) -> None:
         u = urllib.parse.urlsplit(h.path)
         raw = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        with self._lock:
+            self.requests.append((h.command, u.path))
         try:
             answer = self._route(h.command, u.path, u.query, h.headers, raw)
         except Refused as e:
@@ -499,6 +512,8 @@ class FakeInfluxV3:
             ("POST", "/api/v3/plugins/files"): lambda: self._plugin_file(token, headers, raw, create=True),
             ("PUT", "/api/v3/plugins/files"): lambda: self._plugin_file(token, headers, raw, create=False),
             ("POST", "/api/v3/configure/processing_engine_trigger"): lambda: self._create_trigger(query, headers, raw),
+            ("DELETE", "/api/v3/configure/processing_engine_trigger"): lambda: self._delete_trigger(params),
+            ("GET", "/api/v3/query_sql"): lambda: self._query_sql(params),
         }
         handler = routes.get((method, path))
         if handler is None and method in ("GET", "POST") and path.startswith("/api/v3/engine/"):
@@ -825,6 +840,66 @@ class FakeInfluxV3:
                 bool(body["disabled"]),
             )
         return Answer(200)
+
+    def _delete_trigger(self, params: dict[str, str]) -> Answer:
+        self._required(params, "db", "trigger_name")
+        with self._lock:
+            t = self.triggers.get(params["trigger_name"])
+            if t is None or t.db != params["db"]:
+                raise Refused(404, f"Processing engine trigger not found: {params['trigger_name']}")
+            del self.triggers[t.name]
+        return Answer(200)
+
+    def _query_sql(self, params: dict[str, str]) -> Answer:
+        """H ``query_sql``: the system tables setup and doctor read, else SQL on the database's tables."""
+        self._required(params, "db", "q")
+        db, q = params["db"], params["q"]
+        m = re.fullmatch(r"\s*SELECT\s+\*\s+FROM\s+system\.(\w+)\s*;?\s*", q, re.IGNORECASE)
+        with self._lock:
+            if db != "_internal":
+                self._active(db)
+            if m is None:
+                try:
+                    rows = self.engine.sql(db, q).to_pylist()
+                except QueryError as e:
+                    raise Refused(400, {"error": str(e)}) from None
+            else:
+                rows = self._system_table(db, m[1])
+        rows = [{k: v for k, v in r.items() if v is not None} for r in rows]
+        return Answer(200, rows, {"Content-Type": "application/json"})
+
+    def _system_table(self, db: str, table: str) -> list[dict[str, Any]]:
+        internal = {"databases", "plugin_files"}
+        per_database = {"processing_engine_triggers", "processing_engine_trigger_arguments"}
+        if (table in internal and db != "_internal") or table not in internal | per_database:
+            raise Refused(400, {"error": f"Error during planning: table 'public.system.{table}' not found"})
+        triggers = [t for t in self.triggers.values() if t.db == db]
+        if table == "databases":
+            return [
+                {"database_name": n, "retention_period_ns": None if d.retention_period_s is None else d.retention_period_s * 10**9,
+                 "deleted": d.deleted}
+                for n, d in sorted(self.databases.items())
+            ]  # fmt: skip
+        if table == "plugin_files":
+            out = []
+            for t in self.triggers.values():
+                path = self._plugin_path(t.plugin_filename)
+                if path.is_file():
+                    st = path.stat()
+                    out.append({"plugin_name": t.name, "file_name": t.plugin_filename, "file_path": str(path),
+                                "size_bytes": st.st_size, "last_modified": int(st.st_mtime * 1000)})  # fmt: skip
+            return out
+        if table == "processing_engine_triggers":
+            return [
+                {"trigger_name": t.name, "plugin_filename": t.plugin_filename, "trigger_specification": t.specification,
+                 "disabled": t.disabled, "error_behavior": t.settings["error_behavior"]}
+                for t in triggers
+            ]  # fmt: skip
+        return [
+            {"trigger_name": t.name, "argument_key": k, "argument_value": v}
+            for t in triggers
+            for k, v in sorted((t.arguments or {}).items())
+        ]
 
     def _request_trigger(self, trigger_path: str, params: dict[str, str], headers: Any, raw: bytes) -> Answer:
         """H ``processing_engine_request_plugin``: the ``request:<path>`` trigger's plugin answers, Flask-style

@@ -17,7 +17,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpulse.influx.connection import APIS, DEFAULT_BUCKET, DEFAULT_ORG, DEFAULT_URL, ConfigError, Connection
+from gpulse.influx.connection import (
+    APIS,
+    DEFAULT_BUCKET,
+    DEFAULT_ORG,
+    DEFAULT_URL,
+    DEFAULT_URL_V3,
+    ConfigError,
+    Connection,
+    default_url,
+)
 
 #: keys allowed in the config file's ``[connection]`` table (a token itself is refused by resolve_connection)
 CONNECTION_KEYS = ("url", "api", "org", "bucket", "token_file")
@@ -36,18 +45,22 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="TOML file with a [connection] table (and the agent's [agent] table); env GPULSE_CONFIG",
     )
-    g.add_argument("--url", help=f"InfluxDB URL (default {DEFAULT_URL}; env GPULSE_URL)")
     g.add_argument(
-        "--api", choices=APIS, help="v2 (default: InfluxDB 2.x, 3.x, Cloud) or v1 (InfluxDB 1.x); env GPULSE_API"
+        "--url", help=f"InfluxDB URL (default {DEFAULT_URL}, with --api v3 {DEFAULT_URL_V3}; env GPULSE_URL)"
+    )
+    g.add_argument(
+        "--api",
+        choices=APIS,
+        help="v2 (default: InfluxDB 2.x, Cloud), v1 (InfluxDB 1.x) or v3 (InfluxDB 3 Core/Enterprise); env GPULSE_API",
     )
     g.add_argument("--org", help=f"organisation (v2; default {DEFAULT_ORG}; env GPULSE_ORG)")
     g.add_argument(
         "--bucket",
-        help=f"bucket (v2) or database[/retention-policy] (v1) (default {DEFAULT_BUCKET}; env GPULSE_BUCKET)",
+        help=f"bucket (v2), database[/retention-policy] (v1) or database (v3) (default {DEFAULT_BUCKET}; env GPULSE_BUCKET)",
     )
     g.add_argument(
         "--token-file",
-        help="file holding the API token (v2) or user:password (v1); env GPULSE_TOKEN_FILE, or the token itself in GPULSE_TOKEN",
+        help="file holding the API token (v2, v3) or user:password (v1); env GPULSE_TOKEN_FILE, or the token itself in GPULSE_TOKEN",
     )
 
 
@@ -114,10 +127,10 @@ def resolve_connection(
             return toml[name]
         return default
 
-    url = pick("url", None if url_optional else DEFAULT_URL)
     api = pick("api", "v2")
     if api not in APIS:
-        raise ConfigError(f"--api must be v2 or v1, not {api!r}")
+        raise ConfigError(f"--api must be v2, v1 or v3, not {api!r}")
+    url = pick("url", None if url_optional else default_url(api))
     org = pick("org", DEFAULT_ORG)
     bucket = pick("bucket", DEFAULT_BUCKET)
     if not bucket:

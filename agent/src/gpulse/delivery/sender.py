@@ -6,7 +6,9 @@ written are never re-sent, so counts stay exact. A rejected piece (400/422) is n
 as is: the lines the server named are dead-lettered and the rest re-sent; when the server names
 none, the piece is bisected until the bad lines stand alone. Re-sending good lines is harmless
 (same series and timestamp overwrite), and every rejection shrinks the work, so this ends; a budget
-of isolation requests per batch bounds the cost of a batch full of bad lines.
+of isolation requests per batch bounds the cost of a batch full of bad lines. A partial write
+(InfluxDB 3's ``write_lp``) wrote the rest already: the bad lines are dead-lettered, each with the
+server's reason, and the others count as written without a second request.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class BatchSender:
                     mid = len(piece) // 2
                     work.extendleft([piece[mid:], piece[:mid]])
                     continue
+                if e.partial:  # the good lines are written already: no isolation needed
+                    self._reject_partial(piece, e, result)
+                    continue
                 if e.kind is ErrorKind.TOO_LARGE or len(piece) == 1 or budget <= 0:
                     self._reject(piece, e, result)
                     continue
@@ -94,6 +99,14 @@ class BatchSender:
     def _reject(self, lines: list[str], e: WriteError, result: SendResult) -> None:
         self.dead_letter.write(lines, e.describe())
         result.rejected += len(lines)
+
+    def _reject_partial(self, piece: list[str], e: WriteError, result: SendResult) -> None:
+        """The server kept every line of ``piece`` but those in ``e.line_errors``: each of those is
+        dead-lettered under its own reason."""
+        for i, reason in sorted(e.line_errors.items()):
+            self.dead_letter.write([piece[i]], f"{e.describe()}: line {i + 1}: {reason}")
+        result.rejected += len(e.line_errors)
+        result.written += len(piece) - len(e.line_errors)
 
     def _write_retrying(self, piece: list[str], result: SendResult) -> None:
         """One piece, retried while the error is retryable; stopping turns the last error into DeliveryStopped."""

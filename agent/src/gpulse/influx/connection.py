@@ -7,7 +7,9 @@ Every command loads this record (``gpulse status`` too, for :class:`ConfigError`
 (:mod:`gpulse.influx.http`, which knows nothing of this record) is imported only where a request is made.
 
 For ``--api v1`` the bucket is ``database`` or ``database/retention-policy`` (as InfluxDB's
-own 1.x compatibility API spells it) and the token, if any, is ``user:password``.
+own 1.x compatibility API spells it) and the token, if any, is ``user:password``. For ``--api v3``
+(InfluxDB 3 Core/Enterprise) the bucket is the raw database and the token an InfluxDB 3 token; the
+server listens on 8181 there (``DEFAULT_HTTP_BIND_ADDR`` in ``influxdb3/src/commands/serve.rs``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ if TYPE_CHECKING:
     from gpulse.influx.http import HttpClient
 
 DEFAULT_URL = "http://127.0.0.1:8086"
+DEFAULT_URL_V3 = "http://127.0.0.1:8181"
 DEFAULT_ORG = "gpulse"
 DEFAULT_BUCKET = "gpulse"
-APIS = ("v2", "v1")
+APIS = ("v2", "v1", "v3")
+
+
+def default_url(api: str) -> str:
+    """Where InfluxDB listens unless told otherwise: 8181 for InfluxDB 3, 8086 for 1.x and 2.x."""
+    return DEFAULT_URL_V3 if api == "v3" else DEFAULT_URL
 
 
 class ConfigError(Exception):
@@ -64,7 +72,9 @@ class Connection:
 
     @property
     def authorization(self) -> str | None:
-        """The ``Authorization`` header: Basic ``user:password`` for v1, ``Token …`` for v2; ``None`` without a token."""
+        """The ``Authorization`` header: Basic ``user:password`` for v1, ``Token …`` for v2 and v3 (InfluxDB 3
+        takes ``Token`` and ``Bearer``: ``validate_auth_header`` in ``influxdb3_server/src/http.rs``); ``None``
+        without a token."""
         from gpulse.influx.http import basic_auth, token_auth  # the HTTP stack only where a request is made
 
         if not self.token:
@@ -77,7 +87,8 @@ class Connection:
         """A one-line description, safe for logs (no secret)."""
         where = self.url or "(no database: recording only)"
         auth = f"token from {self.token_source}" if self.token else "no token"
-        return f"{where} api={self.api} org={self.org} bucket={self.bucket} ({auth})"
+        dest = f"database={self.bucket}" if self.api == "v3" else f"org={self.org} bucket={self.bucket}"
+        return f"{where} api={self.api} {dest} ({auth})"
 
     def http_client(self, *, timeout_s: float | None = None, max_body: int | None = None) -> HttpClient:
         """A client for this connection: its URL, credentials, deadline and TLS check (``timeout_s`` and
@@ -97,7 +108,7 @@ class Connection:
         settings came from a file, then every value that differs from the defaults (the token by the
         file it came from; a token from the environment stays there)."""
         flags = ["--config", self.config_path] if self.config_path else []
-        flags += ["--url", self.url or DEFAULT_URL]
+        flags += ["--url", self.url or default_url(self.api)]
         if self.api != "v2":
             flags += ["--api", self.api]
         if self.api == "v2" and self.org != DEFAULT_ORG:

@@ -144,7 +144,7 @@ def cron_spec(tier: Tier) -> str:
 
 
 def triggers(edition: Edition, database: str = "gpulse") -> list[Trigger]:
-    """The triggers for the raw database (for setup on 3.x, still to come), in dependency order (1m before 1h)."""
+    """The triggers for the raw database (``gpulse setup --api v3`` creates them), in dependency order (1m before 1h)."""
     args = {"database": database, "edition": edition.value}
     out = [Trigger(f"gpulse_{t.name}", cron_spec(t), {**args, "tier": t.name}) for t in engine_tiers(edition)]
     out.append(Trigger("gpulse_recompute", f"request:{RECOMPUTE_PATH}", args))

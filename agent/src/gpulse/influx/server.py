@@ -1,10 +1,14 @@
 """Which server is at the URL, decided once, and what its refusals mean: the probe every command shares.
 
-``GET /ping`` needs no credentials on any InfluxDB, and every answer of every InfluxDB carries
-``X-Influxdb-Version`` and ``X-Influxdb-Build`` (1.x: ``services/httpd/handler.go`` ``ServeHTTP``
-adds them to all responses; 2.x: the ``buildHeader`` middleware in ``http/handler.go``). One request
-so tells whether anything answers, whether it is InfluxDB, and which generation, before a command
-sends a line. With ``--api`` that decides whether the command can work at all (:meth:`ServerInfo.mismatch`).
+``GET /ping`` answers with ``X-Influxdb-Version`` and ``X-Influxdb-Build`` on every InfluxDB (1.x:
+``services/httpd/handler.go`` ``ServeHTTP`` adds them to all responses; 2.x: the ``buildHeader``
+middleware in ``http/handler.go``; 3.x: ``ping`` in ``influxdb3_server/src/http.rs``, which also answers
+JSON ``{"product_name": "InfluxDB 3 Core", "version", ...}`` and ``X-Influxdb-Build: Core``, constants in
+``influxdb3_server/src/lib.rs``). One request so tells whether anything answers, whether it is InfluxDB,
+and which generation, before a command sends a line. InfluxDB 3 asks for the token on ``/ping`` too
+(unless started with ``--disable-authz ping``: ``perform_routing`` checks the token before the route),
+and its 401 carries no version header, so the probe sends the connection's credentials: 1.x and 2.x
+ignore them there. With ``--api`` that decides whether the command can work at all (:meth:`ServerInfo.mismatch`).
 
 When a server refuses a request, :func:`diagnose` says what kind of problem it is, with the fix,
 so that every command (``setup``, ``upload``, ``report``, the agent's log, ``doctor``) says the
@@ -66,19 +70,35 @@ class ServerInfo:
     build: str  # "OSS", "ENT", "Cloud"...
     #: the ``Date`` header of the answer (the server's clock, to the second), if it sent one
     date: str | None = None
+    #: InfluxDB 3's ``product_name`` from the ``/ping`` JSON ("InfluxDB 3 Core"), else ""
+    product: str = ""
 
     @property
     def api(self) -> str:
-        """The API generation this server speaks natively: ``v1`` for InfluxDB 1.x, else ``v2``."""
-        return "v1" if self.version.lstrip("v").startswith("1.") else "v2"
+        """The API generation this server speaks natively: ``v1`` for InfluxDB 1.x, ``v3`` for 3.x, else ``v2``."""
+        major = self.version.lstrip("v").split(".", 1)[0]
+        return {"1": "v1", "3": "v3"}.get(major, "v2")
+
+    @property
+    def edition(self) -> str:
+        """InfluxDB 3's edition, ``core`` or ``enterprise`` (from the build header or the product name); else ""."""
+        if self.api != "v3":
+            return ""
+        return "enterprise" if "enterprise" in f"{self.build} {self.product}".lower() else "core"
+
+    def describe(self) -> str:
+        """``InfluxDB 3 Core 3.10.0``, ``InfluxDB v2.9.1``: the product and version as the server names them."""
+        return f"{self.product} {self.version}" if self.product else f"InfluxDB {self.version}"
 
     def serves(self, api: str, *, admin: bool = False) -> bool:
         """Whether ``--api api`` can work here: natively, or (not for setup's ``admin`` calls) through
         the other generation's compatibility endpoints: 1.8+ serves ``/api/v2/write`` (``serveWriteV2``
-        in 1.8's ``services/httpd/handler.go``), 2.x serves ``/write`` and ``/query`` (``http/legacy``)."""
+        in 1.8's ``services/httpd/handler.go``), 2.x serves ``/write`` and ``/query`` (``http/legacy``),
+        3.x serves ``/write``, ``/api/v2/write`` and ``/query`` (``influxdb3_server/src/all_paths.rs``);
+        only 3.x serves ``/api/v3``."""
         if api == self.api:
             return True
-        if admin:
+        if admin or api == "v3":
             return False
         if api == "v2":  # a 1.x server: the v2 write endpoint exists from 1.8 on
             m = _VERSION.match(self.version)
@@ -96,34 +116,68 @@ def wrong_api(info: ServerInfo) -> Diagnosis:
     """The message ``gpulse setup`` made known, for every command."""
     if info.api == "v1":
         use = "use --api v1 (with --token-file holding user:password)"
+    elif info.api == "v3":
+        use = "use --api v3 (with --token-file holding an InfluxDB 3 token)"
     else:
         use = "use --api v2 (with --token-file holding an API token)"
-    return Diagnosis(Problem.WRONG_API, f"{info.url} is InfluxDB {info.version}", use)
+    return Diagnosis(Problem.WRONG_API, f"{info.url} is {info.describe()}", use)
 
 
 # -- the probe ---------------------------------------------------------------------------------------
-def probe(url: str, *, timeout_s: float = 10.0, verify_tls: bool = True) -> ServerInfo:
-    """``GET /ping`` (no credentials): the server's version, or :class:`ServerProblem` (unreachable, not InfluxDB)."""
+def probe(
+    url: str, *, timeout_s: float = 10.0, verify_tls: bool = True, authorization: str | None = None
+) -> ServerInfo:
+    """``GET /ping`` with ``authorization`` (InfluxDB 3 asks for it): the server's version, or
+    :class:`ServerProblem` (unreachable, not InfluxDB, or InfluxDB 3 refusing the credentials)."""
     try:
-        with HttpClient(url, timeout_s=timeout_s, verify_tls=verify_tls) as client:
+        with HttpClient(url, timeout_s=timeout_s, verify_tls=verify_tls, authorization=authorization) as client:
             r = client.request("GET", "/ping")
     except TransportError as e:
         raise ServerProblem(unreachable(e)) from None
     version = r.header("X-Influxdb-Version")
+    if not version and r.status == 401:
+        raise ServerProblem(
+            Diagnosis(
+                Problem.CREDENTIALS,
+                f"{url} asks for credentials on /ping (as InfluxDB 3 does) and "
+                + ("refused the ones given" if authorization else "none were given"),
+                "",  # probe_connection says where credentials come from and what to put there
+            )
+        )
     if not version:
         raise ServerProblem(
             Diagnosis(
                 Problem.NOT_INFLUXDB,
                 f"{url} answered /ping with HTTP {r.status} and no X-Influxdb-Version header: it is not InfluxDB",
-                "check --url (InfluxDB listens on port 8086 by default)",
+                "check --url (InfluxDB listens on port 8086 by default, InfluxDB 3 on 8181)",
             )
         )
-    return ServerInfo(url, version, r.header("X-Influxdb-Build") or "", r.header("Date"))
+    product = ""
+    if version.startswith("3."):
+        try:
+            doc = r.json()
+        except ValueError:
+            doc = None
+        product = str(doc.get("product_name") or "") if isinstance(doc, dict) else ""
+    return ServerInfo(url, version, r.header("X-Influxdb-Build") or "", r.header("Date"), product)
+
+
+def probe_with(conn: Connection) -> ServerInfo:
+    """:func:`probe` with ``conn``'s URL, deadline, TLS check and credentials; a refusal of those said for ``conn``."""
+    try:
+        return probe(
+            conn.url or "", timeout_s=conn.timeout_s, verify_tls=conn.verify_ssl, authorization=conn.authorization
+        )
+    except ServerProblem as e:
+        if e.diagnosis.problem is not Problem.CREDENTIALS:
+            raise
+        refused = refused_credentials(conn, 401)
+        raise ServerProblem(Diagnosis(Problem.CREDENTIALS, e.diagnosis.detail, refused.fix)) from None
 
 
 def probe_connection(conn: Connection, *, admin: bool = False) -> ServerInfo:
     """The probe for ``conn``, and the verdict on its ``--api``: :class:`ServerProblem` if it cannot work."""
-    info = probe(conn.url or "", timeout_s=conn.timeout_s, verify_tls=conn.verify_ssl)
+    info = probe_with(conn)
     wrong = info.mismatch(conn.api, admin=admin)
     if wrong is not None:
         raise ServerProblem(wrong)
@@ -156,6 +210,11 @@ def credentials_fix(conn: Connection) -> str:
         return (
             "put user:password of an InfluxDB 1.x user with access to the database in a file, "
             "chmod 600 it, and pass --token-file FILE (or set GPULSE_TOKEN_FILE)"
+        )
+    if conn.api == "v3":
+        return (
+            "put an InfluxDB 3 token (an admin token on Core) with access to the database in a file, chmod 600 it, "
+            "and pass --token-file FILE (or set GPULSE_TOKEN_FILE)"
         )
     return (
         "put an InfluxDB API token with access to the bucket in a file, chmod 600 it, and pass "
@@ -250,7 +309,7 @@ class Explainer:
         if not self._asked and status in (401, 403, 404):
             self._asked = True
             try:
-                self.info = probe(self.conn.url or "", timeout_s=self.conn.timeout_s, verify_tls=self.conn.verify_ssl)
+                self.info = probe_with(self.conn)
             except ServerProblem:
                 pass
         return diagnose(self.conn, status, message, self.info)

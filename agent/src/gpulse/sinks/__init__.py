@@ -1,1 +1,1 @@
-"""Where lines go: InfluxDB v2, InfluxDB v1, a recording file."""
+"""Where lines go: InfluxDB 3, v2, v1, a recording file."""

@@ -8,6 +8,10 @@ block the queue forever (telegraf #11005). A 500 for a missing retention policy 
 ``coordinator/points_writer.go`` ``MapShards`` returns ``ErrRetentionPolicyNotFound`` from
 ``errors.go``, which ``services/httpd/handler.go`` ``serveWrite`` answers with 500) is a layout
 problem, like the 404 for a missing database: a configuration error, not an outage.
+InfluxDB 3's ``/api/v3/write_lp`` with ``accept_partial=true`` writes the good lines of a batch and
+answers 400 (422 when a line hit a schema limit) ``{"error": "partial write of line protocol occurred",
+"data": [{"error_message", "line_number", "original_line"}, ...]}`` (``Error::PartialLpWrite`` in
+``influxdb3_server/src/http.rs``): a :class:`WriteError` with ``partial`` set, the bad lines and each one's reason.
 The server's error text is read the one way :func:`gpulse.influx.http.error_message` reads it.
 """
 
@@ -54,6 +58,7 @@ class WriteError(Exception):
         bad_lines: Sequence[int] = (),
         failure: Failure | None = None,
         diagnosis: Diagnosis | None = None,
+        line_errors: Mapping[int, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -66,6 +71,13 @@ class WriteError(Exception):
         self.failure = failure
         #: what a refusal means and what to do (wrong --api, credentials, layout), when known
         self.diagnosis = diagnosis
+        #: a partial write (InfluxDB 3): the server wrote every line but ``bad_lines``, each refused for
+        #: the reason given here by index; re-sending the others is not needed
+        self.line_errors = dict(line_errors or {})
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.line_errors)
 
     @property
     def retryable(self) -> bool:
@@ -141,11 +153,38 @@ def _bad_lines(body: bytes | str | None, message: str, lines: Sequence[str]) -> 
     return sorted(found)
 
 
+PARTIAL_WRITE = "partial write of line protocol occurred"  # influxdb3_server/src/http.rs Error::PartialLpWrite
+
+
+def _partial_write(body: bytes | str | None, lines: Sequence[str]) -> dict[int, str]:
+    """InfluxDB 3's list of the lines a partial write refused: index -> the server's reason ({} if not one)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    try:
+        doc = json.loads(text) if text.strip().startswith("{") else None
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict) or doc.get("error") != PARTIAL_WRITE or not isinstance(doc.get("data"), list):
+        return {}
+    out = {}
+    for item in doc["data"]:
+        n = item.get("line_number") if isinstance(item, dict) else None
+        if not isinstance(n, int) or not 1 <= n <= len(lines):
+            return {}  # a list that does not match the batch: trust none of it (delivery then bisects)
+        out[n - 1] = str(item.get("error_message") or "refused")
+    return out
+
+
 def classify_http(
     status: int, headers: Mapping[str, str] | Message | None, body: bytes | str | None, lines: Sequence[str] = ()
 ) -> WriteError:
     """Turn a non-2xx answer to a write of ``lines`` into a :class:`WriteError`."""
     message = error_message(headers, body)
+    if status in (400, 422):
+        refused = _partial_write(body, lines)
+        if refused:
+            return WriteError(
+                ErrorKind.REJECTED, message, status=status, bad_lines=sorted(refused), line_errors=refused
+            )
     if status in (401, 403, 404) or (status == 500 and "retention policy not found" in message):
         return WriteError(ErrorKind.CONFIG, message, status=status)
     if status == 413:

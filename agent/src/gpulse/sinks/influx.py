@@ -1,4 +1,4 @@
-"""What the v1 and v2 sinks share: one gzipped POST per batch through :class:`gpulse.influx.http.HttpClient`.
+"""What the v1, v2 and v3 sinks share: one gzipped POST per batch through :class:`gpulse.influx.http.HttpClient`.
 
 Every write ends within the connection's ``timeout_s`` however the server behaves (the client's total
 deadline), reads at most a small answer, and a write slower than half its deadline is logged with

@@ -1,4 +1,5 @@
-"""Database checks, in the order one explains the next: the server (one probe decides v1 or v2),
+"""Database checks, in the order one explains the next: the server (one probe decides v1, v2 or v3:
+InfluxDB 3's own checks are in :mod:`gpulse.cli.checks.database_v3`),
 the credentials, the bucket the agent writes to, the downsampling layout, its runs, the clock.
 
 Every refusal is classified by :func:`gpulse.influx.server.diagnose`, so the doctor says what
@@ -17,6 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpulse.cli import advice
+from gpulse.cli.checks import database_v3
+from gpulse.cli.checks.answers import get_json, refusal
 from gpulse.cli.checks.base import Check, Context, Result, fail, ok, skip
 from gpulse.influx.connection import Connection
 
@@ -39,7 +42,7 @@ def check_database(ctx: Context) -> Result:
             return fail("database", d.detail, advice.no_database(conn, without))
         return fail("database", d.detail, d.fix)  # not InfluxDB, or the other generation than --api
     ctx.server = info
-    return ok("database", f"{conn.url} answers (InfluxDB {info.version})")
+    return ok("database", f"{conn.url} answers ({info.describe()})")
 
 
 @contextlib.contextmanager
@@ -55,18 +58,12 @@ def _influxql(ctx: Context) -> Iterator[Any]:
         q.close()
 
 
-def _refusal(name: str, status: int | None, message: str, diagnosis: Any) -> Result:
-    """A refusal the server explained (:func:`gpulse.influx.server.diagnose`): its kind, its words, the fix."""
-    answer = f"HTTP {status}: {message}" if status else message
-    if diagnosis is None:
-        return fail(name, answer, "run with -v and check the server's log")
-    return fail(name, f"{diagnosis.detail} ({answer})", diagnosis.fix)
-
-
 # -- credentials and the agent's bucket -----------------------------------------------------------------
 def check_token(ctx: Context) -> Result:
     """The server accepts the credentials (v1 ``SHOW DATABASES``, v2 the buckets API)."""
     conn = ctx.conn
+    if conn.api == "v3":
+        return database_v3.check_token(ctx)
     if conn.api == "v1":
         from gpulse.influx.query import QueryError
 
@@ -74,14 +71,14 @@ def check_token(ctx: Context) -> Result:
             with _influxql(ctx) as q:
                 q.rows("SHOW DATABASES", db="")
         except QueryError as e:
-            return _refusal("token", e.status, e.message, e.diagnosis)
+            return refusal("token", e.status, e.message, e.diagnosis)
         user = conn.v1_credentials
         return ok("token", f"credentials accepted as {user[0]!r}" if user else "the server asks for no credentials")
     from gpulse.influx.server import NONE_GIVEN
 
     if not conn.token:
         return fail("token", f"InfluxDB 2.x asks for a token and {NONE_GIVEN}", _credentials_fix(conn))
-    got = _v2_get(ctx, "/api/v2/buckets", {"limit": 1})
+    got = get_json(ctx, "/api/v2/buckets", {"limit": 1})
     if isinstance(got, Result):
         return got
     return ok("token", f"token from {conn.token_source} accepted")
@@ -98,6 +95,8 @@ def check_bucket(ctx: Context) -> Result:
     from gpulse.influx.server import missing_bucket, missing_database, missing_org, missing_retention_policy
 
     conn = ctx.conn
+    if conn.api == "v3":
+        return database_v3.check_bucket(ctx, _setup_fix(conn))
     if conn.api == "v1":
         from gpulse.influx.query import QueryError
         from gpulse.influx.quoting import quote_ident
@@ -118,14 +117,14 @@ def check_bucket(ctx: Context) -> Result:
                         )
                         return _layout_problem(missing_retention_policy(conn), fix, have=sorted(rps))
         except QueryError as e:
-            return _refusal("bucket", e.status, e.message, e.diagnosis)
+            return refusal("bucket", e.status, e.message, e.diagnosis)
         return ok("bucket", f"database {conn.bucket!r} exists")
-    orgs = _v2_get(ctx, "/api/v2/orgs", {"org": conn.org}, name="bucket")
+    orgs = get_json(ctx, "/api/v2/orgs", {"org": conn.org}, name="bucket")
     if isinstance(orgs, Result):
         return orgs
     if not (orgs or {}).get("orgs"):
         return _layout_problem(missing_org(conn), missing_org(conn).fix)
-    found = _v2_get(ctx, "/api/v2/buckets", {"org": conn.org, "name": conn.bucket}, name="bucket")
+    found = get_json(ctx, "/api/v2/buckets", {"org": conn.org, "name": conn.bucket}, name="bucket")
     if isinstance(found, Result):
         return found
     if not (found or {}).get("buckets"):
@@ -138,21 +137,6 @@ def _layout_problem(d: Any, fix: str, have: list[str] | None = None) -> Result:
     fix for this very connection: its ``gpulse setup`` command."""
     detail = d.detail + (f" (it has {', '.join(have)})" if have else "")
     return fail("bucket", detail, fix)
-
-
-def _v2_get(ctx: Context, path: str, params: dict[str, Any], *, name: str = "token") -> Any:
-    """GET a v2 management endpoint: the decoded JSON, or the failed :class:`Result` (refusals classified)."""
-    from gpulse.influx.http import HTTPStatusError, TransportError
-    from gpulse.influx.server import Explainer
-
-    try:
-        with ctx.conn.http_client() as client:
-            return client.get_json(path, params=params)
-    except HTTPStatusError as e:
-        status, message = e.response.status, e.response.message()
-        return _refusal(name, status, message, Explainer(ctx.conn, ctx.server).diagnose(status, message))
-    except TransportError as e:
-        return fail(name, e.describe(), "see the database check")
 
 
 # -- the downsampling layout ---------------------------------------------------------------------------
@@ -168,6 +152,8 @@ def check_layout(ctx: Context) -> Result:
     conn = ctx.conn
     tiers = [RAW, *(t.name for t in TIERS)]
     fix = _setup_fix(conn)
+    if conn.api == "v3":
+        return database_v3.check_layout(ctx, fix)
     if conn.api == "v1":
         from gpulse.influx.query import QueryError
         from gpulse.influx.quoting import quote_ident
@@ -193,14 +179,14 @@ def _layout_v2(ctx: Context, tiers: list[str], fix: str) -> Result:
     from gpulse.influx.tiers import bucket_name
 
     conn = ctx.conn
-    orgs = _v2_get(ctx, "/api/v2/orgs", {"org": conn.org}, name="layout")
+    orgs = get_json(ctx, "/api/v2/orgs", {"org": conn.org}, name="layout")
     if isinstance(orgs, Result):
         return orgs
     org_id = ((orgs or {}).get("orgs") or [{}])[0].get("id")
     spans, missing = [], []
     for t in tiers:
         name = bucket_name(conn.bucket, t)
-        found = _v2_get(ctx, "/api/v2/buckets", {"orgID": org_id, "name": name}, name="layout")
+        found = get_json(ctx, "/api/v2/buckets", {"orgID": org_id, "name": name}, name="layout")
         if isinstance(found, Result):
             return found
         buckets = (found or {}).get("buckets") or []
@@ -211,7 +197,7 @@ def _layout_v2(ctx: Context, tiers: list[str], fix: str) -> Result:
         spans.append(f"{name} ({_human_seconds(rules[0].get('everySeconds') if rules else 0)})")
     if missing:
         return fail("layout", f"org {conn.org!r} lacks bucket(s) {', '.join(missing)}", fix)
-    dbrps = _v2_get(ctx, "/api/v2/dbrps", {"orgID": org_id, "db": conn.database}, name="layout")
+    dbrps = get_json(ctx, "/api/v2/dbrps", {"orgID": org_id, "db": conn.database}, name="layout")
     if isinstance(dbrps, Result):
         return dbrps
     rps = {d.get("retention_policy") for d in (dbrps or {}).get("content") or []}
@@ -251,6 +237,8 @@ def check_downsampling(ctx: Context) -> Result:
 
     conn = ctx.conn
     fix = _setup_fix(conn)
+    if conn.api == "v3":
+        return database_v3.check_downsampling(ctx, fix)
     if conn.api == "v1":
         from gpulse.influx.query import QueryError
 
@@ -270,7 +258,7 @@ def check_downsampling(ctx: Context) -> Result:
             "downsampling", f"{len(want)} continuous queries on {conn.database!r} ({', '.join(t.name for t in TIERS)})"
         )
     names = [task_name(t) for t in TIERS]
-    found = _v2_get(ctx, "/api/v2/tasks", {"org": conn.org, "limit": 500}, name="downsampling")
+    found = get_json(ctx, "/api/v2/tasks", {"org": conn.org, "limit": 500}, name="downsampling")
     if isinstance(found, Result):
         return found
     by_name = {t.get("name"): t for t in (found or {}).get("tasks") or [] if t.get("name") in names}
@@ -298,12 +286,12 @@ def check_downsampling(ctx: Context) -> Result:
 
 def check_clock(ctx: Context, now: Callable[[], float] = time.time) -> Result:
     """Compare this host's clock with the server's ``Date`` header (1 s resolution, so ±1 s)."""
-    from gpulse.influx.server import ServerProblem, probe
+    from gpulse.influx.server import ServerProblem, probe_with
 
     conn = ctx.conn
     t0 = now()
     try:
-        date = probe(conn.url or "", timeout_s=conn.timeout_s, verify_tls=conn.verify_ssl).date
+        date = probe_with(conn).date
     except ServerProblem as e:
         return skip("clock", f"{e.diagnosis.detail}, skew not measured")
     t1 = now()

@@ -163,10 +163,8 @@ def _not_ready(conn) -> str:
 
 
 def _downsample(conn, start_ns: int, end_ns: int) -> None:
-    if conn.api == "v1":
-        from gpulse.influx.setup.v1 import downsample_now
-    else:
-        from gpulse.influx.setup.v2 import downsample_now  # type: ignore[assignment]
+    from gpulse.influx.setup import downsample_now
+
     downsample_now(conn, start_ns, end_ns)
 
 

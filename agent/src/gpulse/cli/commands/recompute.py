@@ -80,10 +80,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--chunk: {e}") from None
     if stop <= start:
         raise ConfigError(f"--stop ({args.stop or 'now'}) must come after --start ({args.start})")
-    if conn.api == "v1":
-        from gpulse.influx.setup.v1 import downsample_now
-    else:
-        from gpulse.influx.setup.v2 import downsample_now  # type: ignore[assignment]
+    from gpulse.influx.setup import downsample_now
+
     pieces = chunks(start, stop, chunk_ns)
     tiers = " and ".join(t.name for t in TIERS)
     print(

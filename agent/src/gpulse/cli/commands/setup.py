@@ -1,4 +1,4 @@
-"""``gpulse setup``: buckets or retention policies, DBRP mappings, downsampling and the Grafana token.
+"""``gpulse setup``: buckets, retention policies or databases, DBRP mappings, downsampling and the Grafana token.
 
 Idempotent: safe to run on every ``docker compose up`` (the stack's ``setup`` service does). Prints
 one line per object with what it did, then a summary; exits 1 with a clear message on a problem.
@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grafana-token-file",
         metavar="PATH",
-        help="v2: write a read-only token for Grafana here (0600) when the file is missing, empty or its token no longer works",
+        help="v2: write a read-only token for Grafana here (0600) when the file is missing, empty or its token no "
+        "longer works; v3 Core: the admin token (Core has only admin tokens)",
     )
     parser.add_argument(
         "--run-downsampling",
@@ -39,20 +40,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpulse.agent.config import load_connection
     from gpulse.influx.durations import parse_duration
+    from gpulse.influx.setup import downsample_now
     from gpulse.influx.setup.common import SetupError
 
     conn = load_connection(args)
     try:
         if conn.api == "v1":
-            from gpulse.influx.setup import v1 as impl
+            from gpulse.influx.setup.v1 import setup_v1
 
             if args.grafana_token_file:
                 print("gpulse setup: --grafana-token-file is for InfluxDB 2.x; ignored with --api v1", file=sys.stderr)
-            report = impl.setup_v1(conn, raw_retention=args.raw_retention, minute_retention=args.minute_retention)
+            report = setup_v1(conn, raw_retention=args.raw_retention, minute_retention=args.minute_retention)
         else:
-            from gpulse.influx.setup import v2 as impl  # type: ignore[no-redef]
+            from gpulse.influx.setup import v2, v3
 
-            report = impl.setup_v2(
+            setup = v3.setup_v3 if conn.api == "v3" else v2.setup_v2
+            report = setup(
                 conn,
                 raw_retention=args.raw_retention,
                 minute_retention=args.minute_retention,
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpulse setup: {conn.describe()}: {report.summary()}")
         if args.run_downsampling:
             end = time.time_ns()
-            impl.downsample_now(conn, end - parse_duration(args.run_downsampling), end)
+            downsample_now(conn, end - parse_duration(args.run_downsampling), end)
             print(f"gpulse setup: downsampled the last {args.run_downsampling}")
     except (SetupError, ValueError) as e:
         print(f"gpulse setup: {e}", file=sys.stderr)

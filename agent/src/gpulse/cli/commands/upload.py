@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     sink.explainer.info = info  # asked once, above
     deadline = time.strftime("%H:%M:%S", time.localtime(time.time() + args.deadline))
     print(
-        f"gpulse upload: {total:,} lines from {len(args.files)} file(s) to InfluxDB {info.version}, "
+        f"gpulse upload: {total:,} lines from {len(args.files)} file(s) to {info.describe()}, "
         f"{sink.describe()}; connection failures, timeouts, 429 and 5xx answers are retried until "
         f"{deadline} (--deadline {args.deadline:g} s)",
         file=sys.stderr,

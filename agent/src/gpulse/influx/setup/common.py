@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpulse.influx import server
+from gpulse.influx.connection import Connection
 from gpulse.influx.durations import parse_duration
 from gpulse.influx.http import HttpClient, TransportError
 from gpulse.influx.server import ServerInfo
@@ -98,10 +99,11 @@ def influx_duration(seconds: int) -> str:
     return f"{seconds}s"
 
 
-def probe(url: str, timeout: float = 10.0) -> ServerInfo:
-    """The shared server probe (:func:`gpulse.influx.server.probe`: ``/ping``), its problems as setup's errors."""
+def probe(conn: Connection) -> ServerInfo:
+    """The shared server probe (:func:`gpulse.influx.server.probe_with`: ``/ping`` with the connection's
+    credentials, as InfluxDB 3 asks), its problems as setup's errors."""
     try:
-        return server.probe(url, timeout_s=timeout)
+        return server.probe_with(conn)
     except server.ServerProblem as e:
         raise SetupError(str(e)) from None
 

@@ -50,7 +50,7 @@ def _run(ql: InfluxQL, q: str, what: str) -> list[dict]:
 
 def setup_v1(conn: Connection, *, raw_retention: str = "30d", minute_retention: str | None = None) -> SetupReport:
     """Create or bring up to date everything gpulse needs on an InfluxDB 1.x server."""
-    wrong = probe(conn.url or "", conn.timeout_s).mismatch("v1", admin=True)
+    wrong = probe(conn).mismatch("v1", admin=True)
     if wrong is not None:
         raise SetupError(str(wrong))
     secs = retentions(raw_retention, minute_retention)

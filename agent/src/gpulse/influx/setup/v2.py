@@ -116,9 +116,18 @@ class AdminAPI:
     def __exit__(self, *exc: object) -> None:
         self.http.close()
 
-    def call(self, method: str, path: str, what: str, *, params: dict[str, str] | None = None, json: Any = None) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        params: dict[str, str] | None = None,
+        json: Any = None,
+        timeout_s: float | None = None,
+    ) -> Any:
         try:
-            return self.http.call(method, path, params=params, json=json)
+            return self.http.call(method, path, params=params, json=json, timeout_s=timeout_s)
         except HTTPStatusError as e:
             raise self.refusal(what, e.status, e.response.message()) from None
         except TransportError as e:
@@ -152,7 +161,7 @@ class AdminAPI:
 
 def check_server(conn: Connection) -> str:
     """InfluxDB 2.x (or newer) that is healthy and onboarded; returns its version."""
-    info = probe(conn.url or "", conn.timeout_s)
+    info = probe(conn)
     wrong = info.mismatch("v2", admin=True)
     if wrong is not None:
         raise SetupError(str(wrong))

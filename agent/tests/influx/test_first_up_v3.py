@@ -1,0 +1,87 @@
+"""`gpulse setup`, the agent, `gpulse doctor`, `gpulse demo` and `gpulse report` end to end against InfluxDB 3 Core.
+
+No InfluxDB 3 can run here: its stand-in (``support.fake_influx_v3``) answers as the 3.10 source does,
+and runs the downsampling plugin on DataFusion as the processing engine would. Every command is the
+real CLI in a subprocess, with ``--api v3`` and the admin token in a file, as a user would run them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.fake_influx_v3 import running
+from support.fixtures import gpulse_cmd
+
+TOKEN = "apiv3_the-admin-token"
+MUTATING = ("POST", "PUT", "PATCH", "DELETE")
+
+
+@pytest.fixture
+def influx3():
+    with running(token=TOKEN) as fake:
+        yield fake
+
+
+def gpulse(fake, tmp_path: Path, env, command: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    tokens = tmp_path / "influxdb3-admin-token"
+    if not tokens.exists():
+        tokens.write_text(TOKEN + "\n")
+        tokens.chmod(0o600)
+    flags = ("--api", "v3", "--url", fake.url, "--token-file", str(tokens))
+    return subprocess.run(gpulse_cmd(command, *flags, *args), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_setup_twice_then_the_agent_then_the_doctor(influx3, tmp_path, clean_env):
+    fake = influx3
+    grafana = tmp_path / "secrets" / "grafana-influx-token"
+    first = gpulse(fake, tmp_path, clean_env, "setup", "--grafana-token-file", str(grafana))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[-1].endswith("8 created")
+    n = len(fake.requests)
+    second = gpulse(fake, tmp_path, clean_env, "setup", "--grafana-token-file", str(grafana))
+    assert second.returncode == 0, second.stderr
+    assert [r for r in fake.requests[n:] if r[0] in MUTATING] == []
+
+    n = len(fake.requests)
+    agent = gpulse(
+        fake, tmp_path, clean_env, "agent", "--simulate", "2", "--no-socket", "--duration", "3",
+        "--spool-dir", str(tmp_path / "spool"),
+    )  # fmt: skip
+    assert agent.returncode == 0, agent.stderr
+    final = json.loads(next(line for line in agent.stderr.splitlines() if line.startswith('{"final"')))["final"]
+    assert final["lines_written"] == final["lines_submitted"] > 0 and final["lines_rejected"] == 0
+    writes = [r for r in fake.requests[n:] if r[0] in MUTATING]
+    assert writes and set(writes) == {("POST", "/api/v3/write_lp")}
+    assert len(fake.engine.rows("gpulse", "gpu")) == final["points"]["gpu"]
+
+    doctor = gpulse(fake, tmp_path, clean_env, "doctor", "--simulate", "2", "--skip", "socket", "--skip", "spool")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    for line in (
+        "database: " + fake.url + " answers (InfluxDB 3 Core 3.10.0-nightly)",
+        "layout: databases gpulse (30d), gpulse/1m (400d), gpulse/1h (forever)",
+        "downsampling: triggers gpulse_1m (cron:0 1/10 * * * *)",
+    ):
+        assert line in doctor.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the demo ends with `gpulse report`, whose InfluxDB 3 reads (report/load.py) and the stand-in's "
+    "InfluxQL for them are issue 29 items 5 and 6, another branch: remove this mark when they land",
+)
+def test_the_demo_writes_downsamples_and_reports(influx3, tmp_path, clean_env):
+    fake = influx3
+    assert gpulse(fake, tmp_path, clean_env, "setup").returncode == 0
+    demo = gpulse(
+        fake, tmp_path, clean_env, "demo", "--hours", "0.5", "--interval", "60", "--gpus", "2",
+        "--out", str(tmp_path / "demo"), timeout=300,
+    )  # fmt: skip
+    assert "downsampled the whole window into the 1m and 1h tiers" in demo.stdout, demo.stderr
+    assert fake.engine.rows("gpulse/1m", "gpu") and fake.engine.rows("gpulse/1h", "gpu")
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    report = json.loads((tmp_path / "demo" / "metrics_report.json").read_text())
+    again = gpulse(fake, tmp_path, clean_env, "report", "--run", report["run"]["id"], "--out", str(tmp_path / "again"))
+    assert again.returncode == 0, again.stderr
