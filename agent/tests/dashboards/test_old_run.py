@@ -1,10 +1,8 @@
 """A run older than raw retention opens in the Training run dashboard from the 1m tier (real InfluxDB 1.6.7).
 
 ``gpulse setup --api v1 --raw-retention 1h`` (the shortest it allows) makes the database. A run of
-three days ago is older than that retention: InfluxDB refuses its points into ``raw``, exactly what
-it keeps of such a run is its 1m tier. Its raw points go to a scratch database instead and are
-downsampled by the continuous queries' own ``SELECT ... INTO`` (:func:`downsample.influxql_select`),
-and the result is copied into ``gpulse."1m"``. A second run, of now, is written to raw as the
+three days ago is older than that retention: InfluxDB refuses its points into ``raw``, and what it
+keeps of such a run is its 1m tier (:mod:`support.old_run` puts it there). A second run, of now, is written to raw as the
 agent would. The dashboard is opened the way a user opens it on a stack with that retention
 (``var-raw_retention=1h``), and its queries run as Grafana sends them (:mod:`support.grafana_queries`).
 """
@@ -16,17 +14,13 @@ from typing import Any
 
 import pytest
 from support.grafana_queries import data_rows, panel_queries, resolve_variables
-from test_dashboard_queries import _setup
+from support.old_run import NS, run_points, setup_v1, write_to_1m_only
 
 from gpulse.dashboards import training
 from gpulse.dashboards.builder import DATASOURCE_UIDS
-from gpulse.influx import downsample
-from gpulse.influx.tiers import TIERS
-from gpulse.lineprotocol.encode import Encoder
 
 pytestmark = pytest.mark.influxdb
 
-NS = 1_000_000_000
 OLD, NEW, HOST = "old-run", "new-run", "node-a"
 OLD_AGE_S = 3 * 86400
 RANGE = "now-4d"
@@ -34,44 +28,19 @@ RANGE = "now-4d"
 RAW_ONLY = {"Loss", "Run"}
 
 
-def _run_points(run: str, start_ns: int, steps: int) -> str:
-    """Two ranks of ``run``, one step a second from ``start_ns``, their GPUs tagged with the run, and the run's start."""
-    enc = Encoder()
-    lines = []
-    for rank in (0, 1):
-        tags = {"run": run, "host": HOST, "rank": str(rank)}
-        step = enc.series("train_step", tags)
-        gpu = enc.series("gpu", {"host": HOST, "gpu": str(rank), "uuid": f"GPU-{rank}", "run": run})
-        lines.append(enc.line(enc.series("train_run", tags), {"event": "start", "status": "running"}, start_ns))
-        for i in range(steps):
-            t = start_ns + (i + 1) * NS
-            fields = {
-                "step": i, "step_time_s": 0.5 + 0.1 * rank, "data_wait_s": 0.02, "forward_s": 0.1,
-                "backward_s": 0.2, "optimizer_s": 0.05, "comm_s": 0.05, "samples_per_s": 16.0,
-                "tokens_per_s": 8192.0, "tflops": 150.0, "mfu": 0.3, "mem_peak_bytes": (30 + i % 3) << 30,
-                "mem_reserved_bytes": 34 << 30, "alloc_retries": 0, "log_loss": 2.0,
-            }  # fmt: skip
-            lines.append(enc.line(step, fields, t))
-            lines.append(enc.line(gpu, {"sm_active_pct": 80.0, "util_gpu_pct": 95.0}, t))
-    return "".join(line for line in lines if line)
-
-
 @pytest.fixture(scope="module")
 def stack(influxdb_module: Any) -> dict[str, Any]:
     influx = influxdb_module
-    _setup(influx.url, raw_retention="1h")
+    setup_v1(influx.url, raw_retention="1h")
     now = time.time_ns()
     old_start = now - OLD_AGE_S * NS
-    # the old run: refused by raw (older than its retention), downsampled in a scratch database
+    old = run_points(OLD, HOST, old_start, 300)
     with pytest.raises(Exception, match="400"):
-        influx.write(_run_points(OLD, old_start, 300))
-    influx.query('CREATE DATABASE "scratch" WITH DURATION INF NAME "raw"')
-    influx.query('CREATE RETENTION POLICY "1m" ON "scratch" DURATION INF REPLICATION 1')
-    influx.write(_run_points(OLD, old_start, 300), db="scratch")
-    for m in downsample.downsampled_measurements():
-        influx.query(downsample.influxql_select(TIERS[0], m.name, "scratch", old_start - 60 * NS, now), db="scratch")
-    influx.query('SELECT * INTO "gpulse"."1m".:MEASUREMENT FROM "scratch"."1m"./.*/ GROUP BY *', db="gpulse")
-    influx.write(_run_points(NEW, now - 660 * NS, 600))  # two 5-minute intervals at least: differences need two
+        influx.write(old)  # refused by raw: older than its retention
+    write_to_1m_only(influx, old, old_start, now)
+    influx.write(
+        run_points(NEW, HOST, now - 660 * NS, 600)
+    )  # two 5-minute intervals at least: differences need two  # two 5-minute intervals at least: differences need two
     assert influx.rows(f'SELECT count("step_time_s") FROM "gpulse"."raw"."train_step" WHERE "run" = \'{OLD}\'') == []
     return {"influx": influx}
 
