@@ -7,6 +7,10 @@ plus ``<field>_max``/``<field>_min``; counters keep their last value. Each hourl
 one GPU-hour: the agent runs continuously, so a GPU with a point in an hour was monitored for that
 hour.
 
+Each query goes to its tier's datasource (``tier=``): on InfluxDB 3, which ignores ``"1h"`` in a
+query, that datasource's database is the tier (:mod:`.datasources`); ``$host`` is listed over the
+range, since 3.x's ``SHOW TAG VALUES`` sees only its last day otherwise.
+
 Days are InfluxQL's ``time(1d)`` buckets, which start at midnight UTC, so the dashboard's time zone
 is UTC as well: a bar labelled with a date holds exactly that UTC day.
 """
