@@ -71,7 +71,7 @@ def test_a_run_older_than_raw_retention_is_read_from_the_1m_tier_a_day_at_a_time
     assert {round(r["step_time_s"], 3) for r in data.steps} == {0.5, 0.6}
     assert max(r["mem_peak_bytes_max"] for r in data.steps) == 32 << 30
     assert data.gpu and {r["gpu"] for r in data.gpu} == {"0", "1"}
-    assert data.runs == [] and data.events == []  # kept in raw only
+    assert data.runs == [] and data.events == [] and data.tier == "1m"  # records and events: raw only
     reads = [q for q in rec.sent if q.startswith("SELECT *")]
     assert reads and all('"gpulse"."1m".' in q for q in reads)
     for q in rec.sent:
@@ -103,5 +103,6 @@ def test_gpulse_report_of_a_run_older_than_raw_retention(db: dict[str, Any], tmp
         env=clean_env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
+    assert f"run '{OLD}' is no longer in the raw points: read from the 1m tier" in res.stderr
     report = json.loads((tmp_path / "metrics_report.json").read_text())
     assert report["run"]["id"] == OLD and {g["gpu"] for g in report["per_gpu"]} == {"0", "1"}

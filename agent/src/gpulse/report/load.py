@@ -34,6 +34,8 @@ class RunData:
     events: list[Row] = field(default_factory=list)
     #: lines of the input files that could not be read (line number, file, why)
     bad_lines: list[tuple[str, int, str]] = field(default_factory=list)
+    #: the tier the points come from: raw, or 1m for a run older than raw retention (per-minute means)
+    tier: str = RAW
 
     @property
     def empty(self) -> bool:
@@ -211,7 +213,7 @@ def load_influx(q: InfluxQL, run: str, now_ns: int | None = None) -> RunData:
     if span is None:
         return RunData()
     where = f'"run" = {quote_string(run)}'
-    data = RunData(steps=_read(q, "train_step", where, span))
+    data = RunData(steps=_read(q, "train_step", where, span), tier=span.tier)
     if span.tier == RAW:
         data.runs = _read(q, "train_run", where, span)
         data.events = _read(q, "train_event", where, span)
