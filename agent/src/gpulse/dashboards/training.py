@@ -54,6 +54,8 @@ PHASES = (
 )
 #: The ``train_run`` points that can belong to a run shown in the range: those of runs started up to
 #: raw retention before it (older ones are gone from raw; ``train_run`` is not downsampled).
+#: ``<ms> - <duration>`` is duration arithmetic in InfluxQL 1.x and in InfluxDB 3's parser alike
+#: (``core/influxdb_influxql_parser/src/time_range.rs`` ``reduce_binary_lhs_duration``).
 RUN_RECORDS = "time >= ${__from}ms - $raw_retention AND time <= ${__to}ms"
 #: Runs in the range, the latest start first, in two statements whose answers Grafana reads in
 #: order (each a raw, so time-ordered, select of the run tag as the only column): the runs whose
@@ -62,7 +64,10 @@ RUN_RECORDS = "time >= ${__from}ms - $raw_retention AND time <= ${__to}ms"
 #: select over two subqueries with one series per measurement, in name order. Grafana's InfluxQL
 #: variable support takes the first string field of each frame in row order, and ``sort: 0`` keeps
 #: that order, so the dashboard opens on the latest run. On InfluxDB 3 the second statement reads
-#: the raw database (the retention policy is dropped) before raw retention, and adds nothing.
+#: the raw database (the retention policy is dropped) before raw retention, and adds nothing; it
+#: runs the statements of one request one by one too (``core/iox_v1_query_api/src/handler.rs``,
+#: ``parse_statements``). That Grafana turns each answer into frames in order is modelled by
+#: ``support.grafana_queries``, not checked against a Grafana server.
 RUNS_LATEST_FIRST = (
     'SELECT "r" FROM (SELECT "status", "run" AS "r" FROM "train_run" WHERE "event" = \'start\' '
     f"AND {RUN_RECORDS}) ORDER BY time DESC; "
