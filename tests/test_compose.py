@@ -21,6 +21,7 @@ from support.fixtures import REPO
 
 COMPOSE = REPO / "docker-compose.yml"
 SECRETS = {"influxdb-admin-password", "influxdb-admin-token", "grafana-admin-password", "grafana-influx-token"}
+SECRETS |= {"influxdb3-admin-token", "influxdb3-admin-token.json"}  # profile v3
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,7 @@ def test_the_schema_check_catches_a_misspelled_key_and_a_bad_condition(tmp_path)
 def test_images_are_pinned_to_exact_versions_never_latest(compose):
     services = compose["services"]
     assert re.fullmatch(r"influxdb:2\.9\.\d+", services["influxdb"]["image"])
+    assert re.fullmatch(r"influxdb:3\.\d+\.\d+-core", services["influxdb3"]["image"])
     # the image whose own types the dashboards are checked against (tests/grafana-types)
     types = json.loads((REPO / "tests" / "grafana-types" / "package.json").read_text())["dependencies"]
     assert services["grafana"]["image"] == f"grafana/grafana:{types['@grafana/schema']}"
@@ -76,7 +78,7 @@ def test_images_are_pinned_to_exact_versions_never_latest(compose):
 
 def test_ports_bind_to_loopback_unless_the_env_file_says_otherwise(compose):
     published = [p for svc in compose["services"].values() for p in svc.get("ports", [])]
-    assert len(published) == 2
+    assert len(published) == 4  # InfluxDB and Grafana, and the same two of profile v3
     for p in published:
         assert p.startswith("${GPULSE_BIND:-127.0.0.1}:"), p
         assert interpolate(p).startswith("127.0.0.1:")
@@ -210,3 +212,70 @@ def test_make_e2e_skips_with_a_clear_message_where_no_docker_engine_runs(tmp_pat
     r = subprocess.run(["bash", str(REPO / "scripts" / "e2e.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "make e2e: skipped: no Docker engine" in r.stdout
+
+
+def test_make_up_stays_influxdb_2_and_profile_v3_adds_influxdb_3_core_with_its_setup_and_grafana(compose):
+    services = compose["services"]
+    default = {name for name, svc in services.items() if not svc.get("profiles")}
+    assert default == {"influxdb", "setup", "grafana", "alert-log"}  # what `docker compose up` runs
+    v3 = {name for name, svc in services.items() if svc.get("profiles") == ["v3"]}
+    assert v3 == {"influxdb3", "setup-v3", "grafana-v3"}
+    # `up grafana-v3` starts only what it depends on: InfluxDB 3 and its setup, none of the 2.9 stack
+    assert set(services["grafana-v3"]["depends_on"]) == {"influxdb3", "setup-v3"}
+    assert services["setup-v3"]["depends_on"] == {"influxdb3": {"condition": "service_healthy"}}
+
+
+def test_influxdb3_serves_the_generated_plugin_directory_with_the_admin_token_from_a_secret_file(compose):
+    from gpulse.influx import engine_plugin
+
+    svc = compose["services"]["influxdb3"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in svc["command"][1:])
+    assert svc["command"][0] == "serve" and args["plugin-dir"] == "/plugins"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in svc["volumes"]}
+    assert mounts["/plugins"] == "./influxdb/v3/plugins" and svc["volumes"][1].endswith(":ro")
+    assert (REPO / "influxdb" / engine_plugin.PLUGIN_PATH).is_file()
+    assert args["virtual-env-location"].startswith("/var/lib/influxdb3/")  # writable: /plugins is not
+    assert mounts["/var/lib/influxdb3"] in compose["volumes"]
+    assert args["admin-token-file"] == "/run/secrets/influxdb3-admin-token.json"
+    assert "influxdb3-admin-token.json" in svc["secrets"]
+    assert args["disable-authz"] == "health,ping" and "8181/health" in " ".join(svc["healthcheck"]["test"])
+    assert not [a for a in svc["command"] if "apiv3_" in a or a.startswith("--admin-token=")]
+    user, group = svc["user"].split(":", 1)
+    assert user == "1500" and group == "${GPULSE_GID:-1000}"  # the image's user, in the group of secrets/
+
+
+def test_grafana_v3_reads_the_tier_databases_with_the_v3_token_on_its_own_port(compose):
+    from gpulse.dashboards import datasources
+
+    grafana, v3 = compose["services"]["grafana"], compose["services"]["grafana-v3"]
+    assert v3["image"] == grafana["image"] and v3["environment"] == grafana["environment"]
+    binds = {v.split(":")[1]: v.split(":")[0] for v in v3["volumes"]}
+    assert binds["/etc/grafana/provisioning/datasources"] == "./" + str(Path(datasources.V3.path).parent)
+    assert binds["/etc/grafana/provisioning"] == "./grafana/provisioning"
+    assert binds["/var/lib/grafana"] in compose["volumes"] and binds["/var/lib/grafana"] != "grafana-data"
+    assert {"source": "influxdb3-admin-token", "target": "grafana-influx-token"} in v3["secrets"]
+    (port,) = v3["ports"]
+    assert interpolate(port) == "127.0.0.1:3001:3000"
+    args = [interpolate(a) for a in compose["services"]["setup-v3"]["command"]]
+    assert args[0] == "setup" and {"--url=http://influxdb3:8181", "--api=v3", "--bucket=gpulse"} <= set(args)
+    assert "--token-file=/run/secrets/influxdb3-admin-token" in args
+
+
+def test_gen_secrets_writes_the_v3_admin_token_as_the_server_reads_it_and_never_replaces_it(tmp_path):
+    import os
+    import stat
+
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "gen-secrets.sh", tmp_path / "scripts")
+    run = lambda: subprocess.run(  # noqa: E731
+        ["bash", str(tmp_path / "scripts" / "gen-secrets.sh")], capture_output=True, text=True, timeout=60, check=True
+    )
+    out = run().stdout
+    token = (tmp_path / "secrets" / "influxdb3-admin-token").read_text().strip()
+    doc = json.loads((tmp_path / "secrets" / "influxdb3-admin-token.json").read_text())
+    assert token.startswith("apiv3_") and len(token) > 40 and doc == {"token": token, "name": "gpulse-admin"}
+    assert token not in out and "secrets/influxdb3-admin-token" in out
+    mode = lambda n: stat.S_IMODE(os.stat(tmp_path / "secrets" / n).st_mode)  # noqa: E731
+    assert mode("influxdb3-admin-token") == 0o600 and mode("influxdb3-admin-token.json") == 0o640
+    run()
+    assert (tmp_path / "secrets" / "influxdb3-admin-token").read_text().strip() == token

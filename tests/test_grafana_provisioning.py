@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from gpulse.dashboards import ALERTS_PATH, DASHBOARDS_DIR
-from gpulse.dashboards.builder import DATASOURCE_UID
+from gpulse.dashboards import ALERTS_PATH, DASHBOARDS_DIR, datasources
+from gpulse.dashboards.builder import DATASOURCE_UID, DATASOURCE_UIDS
+from gpulse.influx import engine_plugin
 
 PROVISIONING = "grafana/provisioning"
 DASHBOARDS_MOUNT = "/var/lib/grafana/dashboards"
@@ -24,20 +26,28 @@ def _load(repo_root: Path, rel: str) -> dict[str, Any]:
     return yaml.safe_load((repo_root / PROVISIONING / rel).read_text())
 
 
-def test_the_datasource_is_influxql_on_the_buckets_database_with_a_token_header_read_from_a_secret(
-    repo_root: Path,
+@pytest.mark.parametrize("backend", datasources.BACKENDS, ids=lambda b: b.key)
+def test_a_datasource_per_tier_is_influxql_on_the_buckets_database_with_a_token_header_read_from_a_secret(
+    repo_root: Path, backend: datasources.Backend
 ) -> None:
-    doc = _load(repo_root, "datasources/influxdb.yaml")
+    doc = yaml.safe_load((repo_root / backend.path).read_text())
     assert doc["apiVersion"] == 1
-    (ds,) = doc["datasources"]
-    assert ds["uid"] == DATASOURCE_UID and ds["type"] == "influxdb" and ds["access"] == "proxy"
-    assert ds["url"].startswith("http://influxdb:8086")
-    j = ds["jsonData"]
-    assert j["version"] == "InfluxQL" and j["dbName"] == "$GPULSE_BUCKET" and j["httpMode"] == "POST"
-    assert j["httpHeaderName1"] == "Authorization" and j["timeInterval"] == "1s"
-    assert ds["secureJsonData"]["httpHeaderValue1"] == f"Token $__file{{{TOKEN_SECRET}}}"
-    assert "database" not in ds and "password" not in ds and "token" not in str(ds.get("jsonData"))
-    assert ds["editable"] is False
+    by_uid = {ds["uid"]: ds for ds in doc["datasources"]}
+    assert set(by_uid) == set(DATASOURCE_UIDS.values())
+    assert [ds["uid"] for ds in doc["datasources"] if ds["isDefault"]] == [DATASOURCE_UID]
+    for tier, uid in DATASOURCE_UIDS.items():
+        ds = by_uid[uid]
+        assert ds["type"] == "influxdb" and ds["access"] == "proxy" and ds["editable"] is False
+        assert ds["url"] == {"v2": "http://influxdb:8086", "v3": "http://influxdb3:8181"}[backend.key]
+        j = ds["jsonData"]
+        assert j["version"] == "InfluxQL" and j["httpMode"] == "POST"
+        # 2.x: the bucket's DBRP database, the query's retention policy picks the tier; 3: the database
+        # the downsampling plugin writes the tier to
+        expected = "${GPULSE_BUCKET}" if backend.key == "v2" else engine_plugin.database_name("${GPULSE_BUCKET}", tier)
+        assert j["dbName"] == expected
+        assert j["httpHeaderName1"] == "Authorization" and j["timeInterval"] == "1s"
+        assert ds["secureJsonData"]["httpHeaderValue1"] == f"Token $__file{{{TOKEN_SECRET}}}"
+        assert "database" not in ds and "password" not in ds and "token" not in str(ds.get("jsonData"))
 
 
 def test_the_dashboard_provider_is_read_only_with_folders_from_the_mounted_directory(repo_root: Path) -> None:

@@ -15,11 +15,12 @@ from support.grafana_interpolate import Selection, interpolate
 from support.influxql_checks import check_references, plain_field, select_columns, tag_keys
 
 from gpulse import schema
-from gpulse.dashboards import DASHBOARDS_DIR, alerts, check, dashboards, node, rendered, training
-from gpulse.dashboards.builder import DATASOURCE_UID, Panel
+from gpulse.dashboards import DASHBOARDS_DIR, alerts, check, dashboards, datasources, node, rendered, training
+from gpulse.dashboards.builder import DATASOURCE_UID, DATASOURCE_UIDS, MIXED, Panel
 from gpulse.dashboards.influxql import references
 from gpulse.dashboards.units import SCHEMA_UNITS
 from gpulse.influx import downsample
+from gpulse.influx.tiers import RAW
 
 BUILT = dashboards()
 DASHES = [d.to_json() for d in BUILT]
@@ -35,10 +36,14 @@ def _annotations(dash: dict[str, Any]) -> list[dict[str, Any]]:
     return [a for a in dash["annotations"]["list"] if not a.get("builtIn")]
 
 
+def _query_variables(dash: dict[str, Any]) -> list[dict[str, Any]]:
+    return [v for v in dash["templating"]["list"] if v["type"] == "query"]
+
+
 def _all_queries(dash: dict[str, Any]) -> list[str]:
     return (
         [t["query"] for t in _targets(dash)]
-        + [v["query"] for v in dash["templating"]["list"]]
+        + [v["query"] for v in _query_variables(dash)]
         + [a["target"]["query"] for a in _annotations(dash)]
     )
 
@@ -116,16 +121,77 @@ def test_the_overlap_check_catches_an_overlap() -> None:
 
 
 @pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
-def test_every_datasource_reference_is_the_provisioned_influxql_datasource(
+def test_every_query_goes_to_the_datasource_of_the_tier_its_retention_policy_names(
     dash: dict[str, Any], repo_root: Path
 ) -> None:
-    provisioned = yaml.safe_load((repo_root / "grafana/provisioning/datasources/influxdb.yaml").read_text())
-    uids = {ds["uid"] for ds in provisioned["datasources"]}
-    assert DATASOURCE_UID in uids
-    refs = [p["datasource"] for p in dash["panels"] if "datasource" in p] + [t["datasource"] for t in _targets(dash)]
-    refs += [v["datasource"] for v in dash["templating"]["list"]]
-    refs += [a["datasource"] for a in _annotations(dash)]
-    assert all(r == {"type": "influxdb", "uid": DATASOURCE_UID} for r in refs)
+    """On InfluxDB 3 the datasource picks the tier (the retention policy is dropped), on 2.x the
+    retention policy does: the two must agree, and both provisioning files must define every uid."""
+    for backend in datasources.BACKENDS:
+        provisioned = yaml.safe_load((repo_root / backend.path).read_text())
+        assert {ds["uid"] for ds in provisioned["datasources"]} == set(DATASOURCE_UIDS.values()), backend.path
+    by_uid = {uid: tier for tier, uid in DATASOURCE_UIDS.items()}
+    sent = [(t["datasource"], t["query"]) for t in _targets(dash)] + [
+        (v["datasource"], v["query"]) for v in _query_variables(dash)
+    ]
+    sent += [(a["datasource"], a["target"]["query"]) for a in _annotations(dash)]
+    for ref, q in sent:
+        assert ref["type"] == "influxdb" and ref["uid"] in by_uid, q
+        tiers = {rp or RAW for rp, _ in references(q).sources}
+        if q == training.RUNS_LATEST_FIRST:  # also asks the 1m tier on 1.x/2.x; a no-op on 3.x (its docstring)
+            assert ref["uid"] == DATASOURCE_UID and tiers == {RAW, "1m"}
+            continue
+        assert tiers == {by_uid[ref["uid"]]}, q
+    for p in dash["panels"]:
+        if "targets" in p:
+            uids = {t["datasource"]["uid"] for t in p["targets"]}
+            assert p["datasource"] == ({"type": "influxdb", "uid": uids.pop()} if len(uids) == 1 else MIXED), p["title"]
+
+
+#: A time bound InfluxDB 3 Core needs on every query: the range's filter or an explicit one.
+TIME_BOUND = re.compile(r"\$timeFilter|\btime\s*(>=?|<=?)\s*(now\(\)|\$\{__(from|to)\}ms)")
+
+
+@pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
+def test_every_query_variable_and_annotation_names_a_time_range(dash: dict[str, Any]) -> None:
+    """Core fails an unbounded query on its Parquet file limit, and its SHOW TAG VALUES sees only
+    the last day without a range; every statement (each subquery too) must be bounded by time."""
+    for q in _all_queries(dash):
+        for part in _levels(q):
+            if re.search(r'\bFROM\s+"', part):  # reads a measurement, not only a subquery's rows
+                assert TIME_BOUND.search(part), f"unbounded: {part!r} in {q}"
+
+
+def _levels(query: str) -> list[str]:
+    """Each statement and each subquery on its own, its nested subqueries cut out as ``(...)``."""
+    out, stack = [], [""]
+    i = 0
+    while i < len(query):
+        if query.startswith("(SELECT", i):
+            stack.append("")
+            i += 1
+            continue
+        c = query[i]
+        if c == ")" and len(stack) > 1 and stack[-1].count("(") == stack[-1].count(")"):
+            out.append(stack.pop())
+            stack[-1] += "(...)"
+        elif c == ";" and len(stack) == 1:
+            out.append(stack.pop())
+            stack.append("")
+        else:
+            stack[-1] += c
+        i += 1
+    return out + stack
+
+
+def test_the_time_bound_check_catches_an_unbounded_query_and_subquery() -> None:
+    for q in ('SELECT "x" FROM "gpu" WHERE "host" = \'a\'', 'SHOW TAG VALUES FROM "gpu" WITH KEY = "host"'):
+        dash = {"panels": [{"targets": [{"query": q}]}], "templating": {"list": []}, "annotations": {"list": []}}
+        with pytest.raises(AssertionError, match="unbounded"):
+            test_every_query_variable_and_annotation_names_a_time_range(dash)
+    sub = 'SELECT sum("v") FROM (SELECT mean("x") AS "v" FROM "gpu" GROUP BY "host") WHERE $timeFilter'
+    dash = {"panels": [{"targets": [{"query": sub}]}], "templating": {"list": []}, "annotations": {"list": []}}
+    with pytest.raises(AssertionError, match="unbounded"):
+        test_every_query_variable_and_annotation_names_a_time_range(dash)
 
 
 @pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
@@ -168,21 +234,26 @@ def test_every_query_names_only_measurements_fields_and_tags_of_the_schema(dash:
 @pytest.mark.parametrize("dash", DASHES, ids=lambda d: d["uid"])
 def test_variables_list_tags_of_their_measurement_and_every_used_variable_is_defined(dash: dict[str, Any]) -> None:
     names = [v["name"] for v in dash["templating"]["list"]]
-    for v in dash["templating"]["list"]:
+    for v in _query_variables(dash):
         ((_, measurement),) = references(v["query"]).sources[:1]
         keys = tag_keys(v["query"]) or [re.search(r'"(\w+)" AS "\w+"', v["query"]).group(1)]  # type: ignore[union-attr]
         assert set(keys) <= set(schema.MEASUREMENTS[measurement].all_tags)
     selection = {n: Selection(("x",)) for n in names}
+    settings = {v["name"] for v in dash["templating"]["list"] if v["type"] == "textbox"}
     for q in _all_queries(dash):
         interpolate(q, selection)  # raises KeyError on an undefined $variable
         for n in names:
-            if f"${n}" in q or f"${{{n}" in q:
+            if n in settings:  # a duration, subtracted from a time
+                assert len(re.findall(rf"\${n}\b", q)) == len(re.findall(rf" - \${n}\b", q)), (
+                    f"${n} not a duration: {q}"
+                )
+            elif f"${n}" in q or f"${{{n}" in q:
                 assert re.search(rf"=~ /\^(\${n}|\${{{n}:regex}})\$/", q), f"${n} used outside an anchored regex: {q}"
 
 
 def test_the_history_dashboard_reads_only_the_downsampled_tiers_its_host_list_included() -> None:
     history = BY_UID["gpulse-history"]
-    for q in [t["query"] for t in _targets(history)] + [v["query"] for v in history["templating"]["list"]]:
+    for q in [t["query"] for t in _targets(history)] + [v["query"] for v in _query_variables(history)]:
         rps = {rp for rp, _ in references(q).sources}
         assert rps and rps <= {"1m", "1h"}, q
     assert history["time"]["from"] == "now-30d"
@@ -200,8 +271,11 @@ def test_a_dashboard_that_groups_by_day_is_in_utc_like_influxql_days(dash: dict[
 def test_the_run_variable_lists_the_latest_run_first_and_keeps_that_order() -> None:
     (run,) = [v for v in BY_UID["gpulse-training-run"]["templating"]["list"] if v["name"] == "run"]
     assert run["sort"] == 0 and not run["multi"] and not run["includeAll"]
-    assert run["query"].rstrip().endswith("ORDER BY time DESC")
-    assert [name for _, name in select_columns(run["query"])] == ["r"]  # one column: Grafana reads it in row order
+    statements = run["query"].split("; ")
+    assert len(statements) == 2  # runs raw still holds the start of, then older runs from the 1m tier
+    for statement in statements:
+        assert statement.rstrip().endswith("ORDER BY time DESC")
+        assert [name for _, name in select_columns(statement)] == ["r"]  # one column: Grafana reads it in row order
 
 
 def test_node_opens_on_one_host_with_every_gpu_and_keeps_per_gpu_plots_wide() -> None:

@@ -9,7 +9,8 @@ fixed 1,000; below 1 s Grafana rounds to ms steps, which the datasource's 1 s mi
 resolve the way Grafana 12.4's InfluxDB datasource resolves them (``datasource.ts``
 ``toMetricFindValue``: the first string field of each frame, in row order, duplicates dropped),
 sorted by the variable's ``sort`` option, defaulting to the first option unless "All" is offered.
-Annotations run their ``target.query`` (the current form; see :class:`gpulse.dashboards.builder.Annotation`).
+A ``textbox`` variable (a hidden setting) takes its default or the value ``picks`` gives it, as
+``var-<name>=`` in a dashboard URL does. Annotations run their ``target.query`` (the current form; see :class:`gpulse.dashboards.builder.Annotation`).
 Shared by the dashboard tests and the demo tests.
 """
 
@@ -104,6 +105,9 @@ def resolve_variables(
     by default (All where offered, else the first option)."""
     resolved: dict[str, Selection] = {}
     for v in dash["templating"]["list"]:
+        if v["type"] == "textbox":  # a setting: its default, or the value a URL's var-<name>= gives
+            resolved[v["name"]] = Selection((picks.get(v["name"], v["query"]),), multi=False)
+            continue
         q = interpolate(v["query"], resolved, time_from=time_from)
         values = _sorted(variable_values(influx, q), v.get("sort", 0))
         assert values, f"{dash['title']}: variable ${v['name']} has no values: {q}"

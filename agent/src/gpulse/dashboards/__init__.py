@@ -1,7 +1,7 @@
 """Grafana dashboards, alert rules and their documentation, generated from code.
 
-One source: the modules here build the dashboards (Classic JSON) and the alert rules; the files
-under ``grafana/`` and ``docs/dashboards.md`` are their rendered output, checked in so they can
+One source: the modules here build the dashboards (Classic JSON), the alert rules and the
+datasources they name; the files under ``grafana/`` and ``docs/dashboards.md`` are their rendered output, checked in so they can
 be read and provisioned, and kept equal to the generator by a test. Regenerate with
 ``python -m gpulse.dashboards`` (``make generate``).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpulse.dashboards import agent_health, alerts, history, node, training
+from gpulse.dashboards import agent_health, alerts, datasources, history, node, training
 from gpulse.dashboards.builder import DATASOURCE_UID, Dashboard
 
 __all__ = [
@@ -56,6 +56,7 @@ def rendered() -> dict[str, str]:
     ds = dashboards()
     out = {f"{DASHBOARDS_DIR}/{d.path}": render_json(d.to_json()) for d in ds}
     out[ALERTS_PATH] = render_alerts()
+    out.update({b.path: datasources.render(b) for b in datasources.BACKENDS})
     out[WEBHOOK_DEFAULT_PATH] = alerts.ALERT_LOG_URL + alerts.UNCONFIGURED_PATH + "\n"
     out[DOCS_PATH] = render_markdown(ds, alerts.catalogue())
     return out

@@ -77,7 +77,11 @@ def build() -> Dashboard:
         time_from="now-6h",
         refresh="10s",
     )
-    d.variable(Variable("host", "Host", 'SHOW TAG VALUES FROM "agent" WITH KEY = "host"'))
+    d.variable(
+        Variable(
+            "host", "Host", f'SHOW TAG VALUES FROM "agent" WITH KEY = "host" WHERE time > now() - {LIVENESS_WINDOW}'
+        )
+    )
 
     d.row(
         "Liveness",

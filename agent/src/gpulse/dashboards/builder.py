@@ -23,10 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulse.dashboards.units import Json, ThresholdSteps, Unit
+from gpulse.influx.tiers import RAW, TIER_BY_NAME
 
-#: The provisioned InfluxQL datasource (grafana/provisioning/datasources/influxdb.yaml).
-DATASOURCE_UID = "gpulse-influxql"
+#: The provisioned InfluxQL datasources, one per tier (grafana/provisioning/datasources/influxdb.yaml).
+#: On 1.x and 2.x all three read the bucket's database and the query's retention policy picks the
+#: tier (``FROM "1h"."gpu"``); InfluxDB 3 drops that retention policy and reads the datasource's
+#: database (``iox_v1_query_api`` ``handler.rs``), so there each one names its tier's database
+#: (``gpulse``, ``gpulse/1m``, ``gpulse/1h``: grafana/provisioning/datasources-v3/influxdb.yaml).
+#: A query keeps its retention policy and goes to its tier's datasource, and so reads the same tier on both.
+DATASOURCE_UIDS: dict[str, str] = {RAW: "gpulse-influxql", "1m": "gpulse-influxql-1m", "1h": "gpulse-influxql-1h"}
+DATASOURCE_UID = DATASOURCE_UIDS[RAW]
 DATASOURCE = {"type": "influxdb", "uid": DATASOURCE_UID}
+#: The built-in "Mixed" datasource of a panel whose targets name their own (their tiers differ).
+MIXED = {"type": "datasource", "uid": "-- Mixed --"}
 #: Grafana 12.4 loads classic dashboards of this schema version without migrating them.
 SCHEMA_VERSION = 41
 TAG = "gpulse"
@@ -53,11 +62,21 @@ class Query:
     unit: Unit | None = None
     alias: str = ""
     table: bool = False
+    #: The tier the query reads (its ``FROM`` names the same retention policy); picks the datasource.
+    tier: str = RAW
+
+    def __post_init__(self) -> None:
+        if self.tier != RAW and self.tier not in TIER_BY_NAME:
+            raise ValueError(f"unknown tier {self.tier!r}")
+
+    @property
+    def datasource(self) -> Json:
+        return datasource(self.tier)
 
     def target(self, ref_id: str) -> Json:
         t: Json = {
             "refId": ref_id,
-            "datasource": dict(DATASOURCE),
+            "datasource": self.datasource,
             "query": self.sql,
             "rawQuery": True,
             "resultFormat": "table" if self.table else "time_series",
@@ -263,13 +282,19 @@ class Panel:
             "options": self._options(),
         }
         if self.queries:
-            panel["datasource"] = dict(DATASOURCE)
+            sources = {q.tier for q in self.queries}
+            panel["datasource"] = self.queries[0].datasource if len(sources) == 1 else dict(MIXED)
             panel["targets"] = [q.target(ref_id(i)) for i, q in enumerate(self.queries)]
         if self.interval:
             panel["interval"] = self.interval
         if self.transformations:
             panel["transformations"] = self.transformations
         return panel
+
+
+def datasource(tier: str) -> Json:
+    """The reference to the datasource of a tier."""
+    return {"type": "influxdb", "uid": DATASOURCE_UIDS[tier]}
 
 
 def ref_id(index: int) -> str:
@@ -321,13 +346,14 @@ class Variable:
     multi: bool = True
     include_all: bool = True
     sort: int = 1
+    tier: str = RAW
 
     def to_json(self) -> Json:
         return {
             "name": self.name,
             "label": self.label,
             "type": "query",
-            "datasource": dict(DATASOURCE),
+            "datasource": datasource(self.tier),
             "query": self.query,
             "refresh": 2,
             "multi": self.multi,
@@ -336,6 +362,27 @@ class Variable:
             "regex": "",
             "sort": self.sort,
             "hide": 0,
+        }
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A hidden text variable: a setting queries use (``$name``), changed with ``var-<name>=`` in the URL."""
+
+    name: str
+    label: str
+    default: str
+
+    def to_json(self) -> Json:
+        current = {"text": self.default, "value": self.default}
+        return {
+            "name": self.name,
+            "label": self.label,
+            "type": "textbox",
+            "query": self.default,
+            "current": current,
+            "options": [{**current, "selected": True}],
+            "hide": 2,
         }
 
 
@@ -417,7 +464,7 @@ class Dashboard:
         self.time_from = time_from
         self.refresh = refresh
         self.timezone = timezone
-        self.variables: list[Variable] = []
+        self.variables: list[Variable | Setting] = []
         self.annotations: list[Annotation] = []
         self.rows: list[tuple[str, list[Panel]]] = []
 
@@ -425,7 +472,7 @@ class Dashboard:
     def path(self) -> str:
         return f"{self.folder}/{self.slug}.json"
 
-    def variable(self, var: Variable) -> None:
+    def variable(self, var: Variable | Setting) -> None:
         self.variables.append(var)
 
     def annotation(self, ann: Annotation) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from gpulse.dashboards import agent_health, alerts, history
+from gpulse.dashboards import agent_health, alerts, history, tier_split
 from gpulse.dashboards.alerts import AlertRule
-from gpulse.dashboards.builder import Dashboard, Panel
+from gpulse.dashboards.builder import Dashboard, Panel, Setting, Variable
 from gpulse.dashboards.influxql import references
 
 
@@ -41,6 +41,12 @@ def _runbook(r: AlertRule) -> list[str]:
     ]
 
 
+def _variable(v: Variable | Setting) -> str:
+    if isinstance(v, Setting):
+        return f"`${v.name}` (hidden setting, default `{v.default}`)"
+    return f"`${v.name}` (`{v.query}`)"
+
+
 def render_markdown(dashboards: list[Dashboard], rules: list[AlertRule]) -> str:
     out = [
         "# gpulse dashboards and alerts",
@@ -59,8 +65,17 @@ def render_markdown(dashboards: list[Dashboard], rules: list[AlertRule]) -> str:
         'database, only a retention policy (`FROM "1h"."gpu"`), so any bucket name works.',
         "- **Time zone.** Live dashboards use the browser's time zone. History groups by InfluxQL's "
         "`time(1d)`, whose days start at midnight UTC, so History is in UTC and says so.",
-        "- **Latest run.** The Training run dashboard's `$run` lists runs started by the end of the time range, "
+        "- **Latest run.** The Training run dashboard's `$run` lists the runs of the time range, "
         "the latest first, and opens on it.",
+        "- **Old runs.** Every Training run panel reads the raw tier where raw retention still holds the range "
+        "and the `1m` tier before it (two targets split at `now() - $raw_retention`), so a run months old opens "
+        "at 1-minute resolution. `$raw_retention` is a hidden setting: a stack that keeps raw points other than "
+        f"{tier_split.RAW_RETENTION_SETTING.default} opens the dashboard with `var-raw_retention=<duration>`.",
+        "- **Tiers are datasources.** Each query goes to its tier's datasource (`gpulse-influxql`, "
+        "`gpulse-influxql-1m`, `gpulse-influxql-1h`) and names the tier's retention policy: on InfluxDB 2.x both "
+        "point at the same tier, on InfluxDB 3 (which ignores the retention policy) the datasource's database does.",
+        "- **Bounded.** Every query, variable and annotation names a time range: InfluxDB 3 Core refuses a query "
+        "over more Parquet files than its limit, and its `SHOW TAG VALUES` sees one day without one.",
         f"- **Dead hosts.** Agent health's liveness panels look back {agent_health.LIVENESS_WINDOW} whatever the "
         "time picker says, so a host whose agent died stays listed, in red, instead of vanishing.",
         "- **Data that outlives the raw tier.** `gpu_info` is written at agent start and again every hour, so "
@@ -77,7 +92,7 @@ def render_markdown(dashboards: list[Dashboard], rules: list[AlertRule]) -> str:
         out[-1] += f"time zone `{d.timezone}`."
         out.append("")
         if d.variables:
-            out.append("Variables: " + ", ".join(f"`${v.name}` (`{v.query}`)" for v in d.variables) + ".")
+            out.append("Variables: " + ", ".join(_variable(v) for v in d.variables) + ".")
             out.append("")
         for a in d.annotations:
             out.append(f"Annotation **{a.name}**: `{a.query}`")

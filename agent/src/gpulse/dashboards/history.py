@@ -7,6 +7,10 @@ plus ``<field>_max``/``<field>_min``; counters keep their last value. Each hourl
 one GPU-hour: the agent runs continuously, so a GPU with a point in an hour was monitored for that
 hour.
 
+Each query goes to its tier's datasource (``tier=``): on InfluxDB 3, which ignores ``"1h"`` in a
+query, that datasource's database is the tier (:mod:`.datasources`); ``$host`` is listed over the
+range, since 3.x's ``SHOW TAG VALUES`` sees only its last day otherwise.
+
 Days are InfluxQL's ``time(1d)`` buckets, which start at midnight UTC, so the dashboard's time zone
 is UTC as well: a bar labelled with a date holds exactly that UTC day.
 """
@@ -53,7 +57,9 @@ def build() -> Dashboard:
         refresh="",
         timezone="utc",
     )
-    d.variable(Variable("host", "Host", f'SHOW TAG VALUES FROM {HOURLY}."gpu" WITH KEY = "host"'))
+    d.variable(
+        Variable("host", "Host", f'SHOW TAG VALUES FROM {HOURLY}."gpu" WITH KEY = "host" WHERE $timeFilter', tier="1h")
+    )
 
     d.row(
         "GPU-hours",
@@ -66,6 +72,7 @@ def build() -> Dashboard:
                 f'FROM {HOURLY}."gpu" WHERE {WHERE} {DAILY}',
                 GPU_HOURS,
                 PER_HOST,
+                tier="1h",
             ),
             min=0,
             stacked=True,
@@ -81,6 +88,7 @@ def build() -> Dashboard:
                 f"WHERE {WHERE} {DAILY}",
                 PERCENT,
                 PER_HOST,
+                tier="1h",
             ),
             min=0,
             max=100,
@@ -93,7 +101,12 @@ def build() -> Dashboard:
         timeseries(
             "Energy per day",
             "Energy per host and UTC day: the sum of hourly mean power (W x 1 h = Wh) / 1000.",
-            Query(f'SELECT sum("power_w") / 1000 AS "energy" FROM {HOURLY}."gpu" WHERE {WHERE} {DAILY}', KWH, PER_HOST),
+            Query(
+                f'SELECT sum("power_w") / 1000 AS "energy" FROM {HOURLY}."gpu" WHERE {WHERE} {DAILY}',
+                KWH,
+                PER_HOST,
+                tier="1h",
+            ),
             min=0,
             bars=True,
             interval="1d",
@@ -108,6 +121,7 @@ def build() -> Dashboard:
                 f'SELECT mean("throttled") * 100 AS "throttled" FROM {HOURLY}."gpu" WHERE {WHERE} {DAILY}',
                 PERCENT,
                 PER_HOST,
+                tier="1h",
             ),
             min=0,
             thresholds=THROTTLED,
@@ -119,7 +133,10 @@ def build() -> Dashboard:
             "Peak memory used per day",
             "Highest GPU memory used by any GPU of the host in the UTC day (from the hourly _max).",
             Query(
-                f'SELECT max("mem_used_bytes_max") AS "peak" FROM {HOURLY}."gpu" WHERE {WHERE} {DAILY}', BYTES, PER_HOST
+                f'SELECT max("mem_used_bytes_max") AS "peak" FROM {HOURLY}."gpu" WHERE {WHERE} {DAILY}',
+                BYTES,
+                PER_HOST,
+                tier="1h",
             ),
             min=0,
             interval="1d",
@@ -137,6 +154,7 @@ def build() -> Dashboard:
                 f'WHERE {WHERE} GROUP BY time($__interval), "host" fill(none)',
                 PERCENT,
                 PER_HOST,
+                tier="1m",
             ),
             min=0,
             max=100,
@@ -155,6 +173,7 @@ def build() -> Dashboard:
                 f'WHERE {WHERE} GROUP BY time(1d), "run" fill(none)) WHERE $timeFilter GROUP BY time(1d) fill(none)',
                 COUNT,
                 "runs",
+                tier="1h",
             ),
             min=0,
             bars=True,
@@ -171,6 +190,7 @@ def build() -> Dashboard:
                 f'mean("mfu") AS "MFU", mean("tokens_per_s") AS "tokens/s per rank" FROM {HOURLY}."train_step" '
                 f'WHERE {WHERE} GROUP BY "run"',
                 table=True,
+                tier="1h",
             ),
             columns=(
                 Column("steps", ID),

@@ -51,6 +51,9 @@ from gpulse.schema import CLOCK_EVENT_FLAGS, THROTTLE_MASK
 UID = "gpulse-node"
 SEL = '"host" =~ /^$host$/ AND "gpu" =~ /^$gpu$/'
 WHERE = f"{SEL} AND $timeFilter"
+#: gpu_info is written at agent start and every hour: what was known by the end of the range,
+#: looked for from a day before it (a bounded read, as InfluxDB 3 needs).
+INFO_WHERE = f"{SEL} AND time >= ${{__from}}ms - 1d AND time <= ${{__to}}ms"
 BY_GPU = 'GROUP BY time($__interval), "host", "gpu" fill(none)'
 BY_TIME = "GROUP BY time($__interval) fill(none)"
 PER_GPU = "$tag_host GPU $tag_gpu"
@@ -165,8 +168,17 @@ def build() -> Dashboard:
         time_from="now-1h",
         refresh="10s",
     )
-    d.variable(Variable("host", "Host", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "host"', include_all=False))
-    d.variable(Variable("gpu", "GPU", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "gpu" WHERE "host" =~ /^$host$/', sort=3))
+    d.variable(
+        Variable("host", "Host", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "host" WHERE $timeFilter', include_all=False)
+    )
+    d.variable(
+        Variable(
+            "gpu",
+            "GPU",
+            'SHOW TAG VALUES FROM "gpu" WITH KEY = "gpu" WHERE "host" =~ /^$host$/ AND $timeFilter',
+            sort=3,
+        )
+    )
     d.annotation(
         Annotation(
             "XID / ECC events",
@@ -462,7 +474,7 @@ def build() -> Dashboard:
             ),
             Query(
                 'SELECT last("pcie_max_gen") AS "max gen", last("pcie_max_width") AS "max width" '
-                f'FROM "gpu_info" WHERE {SEL} GROUP BY "uuid"',
+                f'FROM "gpu_info" WHERE {INFO_WHERE} GROUP BY "uuid"',
                 table=True,
             ),
             columns=(
@@ -614,7 +626,7 @@ def build() -> Dashboard:
                 'last("clock_sm_max_mhz") AS "max SM clock", last("clock_mem_max_mhz") AS "max memory clock", '
                 'last("pcie_max_gen") AS "max PCIe gen", last("pcie_max_width") AS "max PCIe width", '
                 'last("nvlink_links") AS "NVLink links", last("pci_bus_id") AS "PCI bus" '
-                f'FROM "gpu_info" WHERE {SEL} GROUP BY "host", "gpu"',
+                f'FROM "gpu_info" WHERE {INFO_WHERE} GROUP BY "host", "gpu"',
                 table=True,
             ),
             columns=(

@@ -1,7 +1,9 @@
 """Training-run dashboard: where each step's time goes, how fast the run learns, and which rank lags.
 
-``$run`` lists the runs started by the end of the time range, the latest first, and Grafana selects
-the first: the dashboard opens on the latest run, not the alphabetically first one.
+``$run`` lists the runs of the time range, the latest first, and Grafana selects the first: the
+dashboard opens on the latest run, not the alphabetically first one. Every panel reads the raw tier
+where raw retention still holds the range and the 1m tier before that (:mod:`.tier_split`), so a run
+months old opens at 1-minute resolution.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gpulse.dashboards.builder import (
     table,
     timeseries,
 )
+from gpulse.dashboards.tier_split import RAW_RETENTION_SETTING, split_panels
 from gpulse.dashboards.units import (
     BYTES,
     COUNT,
@@ -49,13 +52,27 @@ PHASES = (
     ("backward_s", "backward"),
     ("optimizer_s", "optimizer"),
 )
-#: Runs started by the end of the range, the latest start first: the run tag read as the only
-#: column of a raw (ungrouped, so time-ordered) subquery over the few ``train_run`` start points.
-#: Grafana's InfluxQL variable support takes the first string field of each frame in row order,
-#: and ``sort: 0`` keeps that order, so the dashboard opens on the latest run.
+#: The ``train_run`` points that can belong to a run shown in the range: those of runs started up to
+#: raw retention before it (older ones are gone from raw; ``train_run`` is not downsampled).
+#: ``<ms> - <duration>`` is duration arithmetic in InfluxQL 1.x and in InfluxDB 3's parser alike
+#: (``core/influxdb_influxql_parser/src/time_range.rs`` ``reduce_binary_lhs_duration``).
+RUN_RECORDS = "time >= ${__from}ms - $raw_retention AND time <= ${__to}ms"
+#: Runs in the range, the latest start first, in two statements whose answers Grafana reads in
+#: order (each a raw, so time-ordered, select of the run tag as the only column): the runs whose
+#: ``train_run`` start point raw still holds, then the runs older than raw retention, from the 1m
+#: tier's steps (by their first step in the range). One statement cannot do it: InfluxDB answers a
+#: select over two subqueries with one series per measurement, in name order. Grafana's InfluxQL
+#: variable support takes the first string field of each frame in row order, and ``sort: 0`` keeps
+#: that order, so the dashboard opens on the latest run. On InfluxDB 3 the second statement reads
+#: the raw database (the retention policy is dropped) before raw retention, and adds nothing; it
+#: runs the statements of one request one by one too (``core/iox_v1_query_api/src/handler.rs``,
+#: ``parse_statements``). That Grafana turns each answer into frames in order is modelled by
+#: ``support.grafana_queries``, not checked against a Grafana server.
 RUNS_LATEST_FIRST = (
     'SELECT "r" FROM (SELECT "status", "run" AS "r" FROM "train_run" WHERE "event" = \'start\' '
-    "AND time <= ${__to}ms) ORDER BY time DESC"
+    f"AND {RUN_RECORDS}) ORDER BY time DESC; "
+    'SELECT "r" FROM (SELECT first("step") AS "s", "run" AS "r" FROM "1m"."train_step" WHERE $timeFilter '
+    'AND time <= now() - $raw_retention GROUP BY "run") ORDER BY time DESC'
 )
 MFU = falling(0.2, 0.35)
 
@@ -86,15 +103,21 @@ def build() -> Dashboard:
         time_from="now-3h",
         refresh="10s",
     )
+    d.variable(RAW_RETENTION_SETTING)
     d.variable(Variable("run", "Run (latest first)", RUNS_LATEST_FIRST, multi=False, include_all=False, sort=0))
     d.variable(
-        Variable("host", "Host", 'SHOW TAG VALUES FROM "train_step" WITH KEY = "host" WHERE "run" =~ /^${run:regex}$/')
+        Variable(
+            "host",
+            "Host",
+            'SHOW TAG VALUES FROM "train_step" WITH KEY = "host" WHERE "run" =~ /^${run:regex}$/ AND $timeFilter',
+        )
     )
     d.variable(
         Variable(
             "rank",
             "Rank",
-            'SHOW TAG VALUES FROM "train_step" WITH KEY = "rank" WHERE "run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/',
+            'SHOW TAG VALUES FROM "train_step" WITH KEY = "rank" WHERE "run" =~ /^${run:regex}$/ '
+            'AND "host" =~ /^$host$/ AND $timeFilter',
             sort=3,
         )
     )
@@ -199,7 +222,7 @@ def build() -> Dashboard:
             legend="wide",
             overrides=[
                 {
-                    "matcher": {"id": "byFrameRefID", "options": "B"},
+                    "matcher": {"id": "byName", "options": "step time"},
                     "properties": [
                         {"id": "custom.stacking", "value": {"mode": "none", "group": "B"}},
                         {"id": "custom.fillOpacity", "value": 0},
@@ -337,11 +360,12 @@ def build() -> Dashboard:
             "The run's start/end records: status, configuration and how MFU is computed.",
             Query(
                 'SELECT "event", "status", "name", "steps", "duration_s", "mfu_formula", "config" FROM "train_run" '
-                'WHERE "run" =~ /^${run:regex}$/ AND "rank" = \'0\'',
+                f'WHERE "run" =~ /^${{run:regex}}$/ AND "rank" = \'0\' AND {RUN_RECORDS}',
                 table=True,
             ),
             columns=(Column("steps", COUNT), Column("duration_s", SECONDS)),
             width=12,
         ),
     )
+    split_panels(d.panels())
     return d

@@ -10,14 +10,17 @@ are not its own. The GPU events (XID, ECC, lost) are those of the run's GPUs dur
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpulse.channel.recording import read_records
-from gpulse.influx.query import InfluxQL
+from gpulse.influx.durations import parse_duration
+from gpulse.influx.query import InfluxQL, QueryError
 from gpulse.influx.quoting import quote_ident, quote_string
+from gpulse.influx.tiers import RAW, TIER_BY_NAME
 from gpulse.lineprotocol.parse import LineError
 from gpulse.report.model import step_end_ns, step_start_ns
 
@@ -41,6 +44,8 @@ class RunData:
     host: list[Row] = field(default_factory=list)
     #: lines of the input files that could not be read (line number, file, why)
     bad_lines: list[tuple[str, int, str]] = field(default_factory=list)
+    #: the tier the points come from: raw, or 1m for a run older than raw retention (per-minute means)
+    tier: str = RAW
 
     @property
     def empty(self) -> bool:
@@ -117,17 +122,55 @@ def host_filter(
 
 
 # -- InfluxDB ---------------------------------------------------------------------------------------
-def _source(q: InfluxQL, measurement: str) -> str:
+#: Every read names a time range, and steps and GPU samples are read a day at a time: InfluxDB 3
+#: Core refuses a query over more Parquet files than its limit (``--query-file-limit``, about 3 days
+#: of raw data), and answers a ``SHOW TAG VALUES`` without a range from its last day only.
+DAY_NS = 86_400 * 1_000_000_000
+#: Where a run's records are looked for, newest first: the last day, week, month, the 1m tier's
+#: retention, then anything older (a 1.x database keeps raw points forever by default). The search
+#: stops at the first window that holds the run, so a recent run costs one small query.
+SEARCH_WINDOWS_NS = (DAY_NS, 7 * DAY_NS, 30 * DAY_NS, parse_duration(TIER_BY_NAME["1m"].retention))
+#: A run with no end record (still running, or killed) ends where its steps stop for this long.
+QUIET_DAYS = 2
+
+
+@dataclass(frozen=True)
+class RunSpan:
+    """Where a run's points are: the tier that covers it, and the range to read (Unix ns, inclusive)."""
+
+    tier: str
+    start_ns: int
+    end_ns: int
+
+
+def _source(q: InfluxQL, measurement: str, tier: str = RAW) -> str:
+    """A measurement of a tier. The 1m tier is named with the database (``"gpulse"."1m"."gpu"``):
+    the 1.x retention policy, the 2.x DBRP mapping and, on InfluxDB 3, the database ``gpulse/1m``."""
+    if tier != RAW:
+        return f"{quote_ident(q.conn.database)}.{quote_ident(tier)}.{quote_ident(measurement)}"
     rp = q.conn.retention_policy
     if rp:
         return f"{quote_ident(q.conn.database)}.{quote_ident(rp)}.{quote_ident(measurement)}"
     return quote_ident(measurement)
 
 
-def list_runs_influx(q: InfluxQL) -> list[str]:
+def _windows(now_ns: int) -> list[tuple[int, int]]:
+    """The search windows ``[a, b)``, newest first, back to the epoch."""
+    out, end = [], now_ns + 1
+    for back in SEARCH_WINDOWS_NS:
+        out.append((now_ns - back, end))
+        end = now_ns - back
+    return [*out, (0, end)]
+
+
+def list_runs_influx(q: InfluxQL, now_ns: int | None = None) -> list[str]:
+    """Runs with a start/end record in raw (few points: searched back to the epoch) or steps in the
+    1m tier (over its retention)."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
     runs: set[str] = set()
-    for m in ("train_run", "train_step"):
-        for row in q.rows(f'SHOW TAG VALUES FROM {_source(q, m)} WITH KEY = "run"'):
+    for m, tier, since in (("train_run", RAW, 0), ("train_step", "1m", now_ns - SEARCH_WINDOWS_NS[-1])):
+        show = f'SHOW TAG VALUES FROM {_source(q, m, tier)} WITH KEY = "run" WHERE time >= {since} AND time <= {now_ns}'
+        for row in _rows_if_tier(q, show):
             if row.get("value"):
                 runs.add(str(row["value"]))
     return sorted(runs)
@@ -137,45 +180,123 @@ def _any_of(tag: str, values: Iterable[str]) -> str:
     return "(" + " OR ".join(f"{quote_ident(tag)} = {quote_string(v)}" for v in sorted(values)) + ")"
 
 
-def load_influx(q: InfluxQL, run: str) -> RunData:
+def _rows_if_tier(q: InfluxQL, query: str) -> list[Row]:
+    """Rows of a query, none when its tier does not exist: a database that ``gpulse setup`` did not
+    make has no 1m tier, and so no run in it (InfluxDB says its retention policy or database is not found)."""
+    try:
+        return q.rows(query)
+    except QueryError as e:
+        if "not found" in e.message:
+            return []
+        raise
+
+
+def _first_last(q: InfluxQL, source: str, field: str, where: str, now_ns: int) -> tuple[Row, Row] | None:
+    """The first and last point (``time`` and ``field``) matching ``where``, searching the windows
+    newest first and going on into older ones while they still hold points."""
+    first: Row | None = None
+    last: Row | None = None
+    for a, b in _windows(now_ns):
+        rows = _rows_if_tier(q, f'SELECT first("{field}") FROM {source} WHERE {where} AND time >= {a} AND time < {b}')
+        if not rows:
+            if first is not None:
+                break
+            continue
+        first = rows[0]
+        if last is None:
+            (last,) = q.rows(f'SELECT last("{field}") FROM {source} WHERE {where} AND time >= {a} AND time < {b}')
+    return (first, last) if first is not None and last is not None else None
+
+
+def run_span(q: InfluxQL, run: str, now_ns: int | None = None) -> RunSpan | None:
+    """The run's time range and the tier that covers it.
+
+    Raw covers the run while it holds the run's ``train_run`` records (its steps are kept as long);
+    without them the 1m tier holds the whole run (older than raw retention), read at 1-minute resolution.
+    """
+    now_ns = time.time_ns() if now_ns is None else now_ns
     where = f'"run" = {quote_string(run)}'
-    data = RunData(
-        steps=q.rows(f"SELECT * FROM {_source(q, 'train_step')} WHERE {where}"),
-        runs=q.rows(f"SELECT * FROM {_source(q, 'train_run')} WHERE {where}"),
-        events=q.rows(f"SELECT * FROM {_source(q, 'train_event')} WHERE {where}"),
-    )
-    data.gpu = q.rows(f"SELECT * FROM {_source(q, 'gpu')} WHERE {where}")
-    data.host_process = q.rows(f"SELECT * FROM {_source(q, 'host_process')} WHERE {where}")
+    records = _first_last(q, _source(q, "train_run"), "event", where, now_ns)
+    if records is not None:
+        first, last = records
+        end = int(last["time"]) if last.get("last") == "end" else _last_step_day(q, where, int(first["time"]), now_ns)
+        return RunSpan(RAW, int(first["time"]), end)
+    steps = _first_last(q, _source(q, "train_step", "1m"), "step", where, now_ns)
+    if steps is not None:
+        return RunSpan("1m", int(steps[0]["time"]), int(steps[1]["time"]))
+    return None
+
+
+def _last_step_day(q: InfluxQL, where: str, start_ns: int, now_ns: int) -> int:
+    """The end of the last day with steps of a run without an end record: days are read from its
+    start until :data:`QUIET_DAYS` in a row hold none (or now)."""
+    end, quiet = start_ns, 0
+    for a in range(start_ns, now_ns + 1, DAY_NS):
+        rows = q.rows(
+            f'SELECT last("step") FROM {_source(q, "train_step")} WHERE {where} AND time >= {a} AND time < {a + DAY_NS}'
+        )
+        if rows:
+            end, quiet = int(rows[0]["time"]), 0
+        else:
+            quiet += 1
+            if quiet >= QUIET_DAYS:
+                break
+    return end
+
+
+def _days(span: RunSpan) -> list[tuple[int, int]]:
+    """The span as consecutive day-long ``[a, b)`` windows."""
+    return [(a, min(a + DAY_NS, span.end_ns + 1)) for a in range(span.start_ns, span.end_ns + 1, DAY_NS)]
+
+
+def _read(q: InfluxQL, measurement: str, where: str, span: RunSpan) -> list[Row]:
+    """Every point of ``measurement`` in the span's tier matching ``where``, a day at a time."""
+    rows: list[Row] = []
+    for a, b in _days(span):
+        rows += q.rows(
+            f"SELECT * FROM {_source(q, measurement, span.tier)} WHERE {where} AND time >= {a} AND time < {b}"
+        )
+    return rows
+
+
+def load_influx(q: InfluxQL, run: str, now_ns: int | None = None) -> RunData:
+    """The run's points from the tier that covers it (:func:`run_span`), read a day at a time.
+
+    ``train_run`` and ``train_event`` are kept in raw only: a run read from the 1m tier has its
+    steps (per-minute means per rank) and its GPUs' samples."""
+    span = run_span(q, run, now_ns)
+    if span is None:
+        return RunData()
+    where = f'"run" = {quote_string(run)}'
+    data = RunData(steps=_read(q, "train_step", where, span), tier=span.tier)
+    if span.tier == RAW:
+        data.runs = _read(q, "train_run", where, span)
+        data.events = _read(q, "train_event", where, span)
+    data.gpu = _read(q, "gpu", where, span)
+    data.host_process = _read(q, "host_process", where, span)
     scope = host_filter(data.host_process, data.steps, data.runs)
     if scope is not None:
-        data.host = _on_hosts(q, "host", sorted(scope[0]), scope[1])
+        on_hosts, (t0, t1) = scope
+        data.host = _read(q, "host", _any_of("host", on_hosts), RunSpan(span.tier, t0, t1))
     window = run_window(data.steps, data.runs)
     if window is None:
         return data
-    between = f"time >= {window[0]} AND time <= {window[1]}"
     hosts = {str(r["host"]) for r in data.runs if r.get("host")}
     if not data.gpu and hosts:
-        near = f"time >= {window[0] - PROCESS_MARGIN_NS} AND time <= {window[1] + PROCESS_MARGIN_NS}"
-        procs = q.rows(
-            f'SELECT "pid", "uuid", "host" FROM {_source(q, "gpu_process")} WHERE {_any_of("host", hosts)} AND {near}'
-        )
+        # the GPUs NVML lists a rank's PID on: processes are listed every few seconds, so look a
+        # little either side of the run
+        near = RunSpan(span.tier, window[0] - PROCESS_MARGIN_NS, window[1] + PROCESS_MARGIN_NS)
+        procs = _read(q, "gpu_process", _any_of("host", hosts), near)
         own = owned_gpus(data.runs, procs)
         if own:
-            rows = q.rows(f"SELECT * FROM {_source(q, 'gpu')} WHERE {_any_of('uuid', own)} AND {between}")
+            rows = _read(q, "gpu", _any_of("uuid", own), RunSpan(span.tier, *window))
             data.gpu = select_gpu_rows(rows, run, data.steps, data.runs, procs)
     uuids = {str(r["uuid"]) for r in data.gpu if r.get("uuid")}
     if uuids:
-        events = q.rows(f"SELECT * FROM {_source(q, 'gpu_event')} WHERE {_any_of('uuid', uuids)} AND {between}")
+        events = _read(q, "gpu_event", _any_of("uuid", uuids), RunSpan(span.tier, *window))
         data.gpu_events = select_gpu_events(events, data.gpu, window)
     return data
 
-
-def _on_hosts(q: InfluxQL, measurement: str, hosts: Sequence[str], window: tuple[int, int]) -> list[Row]:
-    """Every point of ``measurement`` from ``hosts`` inside ``window`` (Unix ns, both ends included)."""
-    host_clause = " OR ".join(f'"host" = {quote_string(h)}' for h in hosts)
-    return q.rows(
-        f"SELECT * FROM {_source(q, measurement)} WHERE ({host_clause}) AND time >= {window[0]} AND time <= {window[1]}"
-    )
 
 
 # -- recording files --------------------------------------------------------------------------------

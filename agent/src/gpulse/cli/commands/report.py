@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         from gpulse.agent.config import load_connection
         from gpulse.influx.query import InfluxQL, QueryError
         from gpulse.influx.server import ServerProblem, probe_connection
+        from gpulse.influx.tiers import RAW
 
         conn = load_connection(args)
         try:
@@ -88,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
         try:
             run_id = _choose(args.run, [] if args.run else list_runs_influx(q), q.conn.describe())
             data = load_influx(q, run_id)
+            if data.tier != RAW and not data.empty:
+                print(
+                    f"gpulse report: run {run_id!r} is no longer in the raw points: read from the {data.tier} tier "
+                    "(per-minute means per rank; no run records or events)",
+                    file=sys.stderr,
+                )
         except QueryError as e:
             print(f"gpulse report: cannot read {q.conn.describe()}: {e}", file=sys.stderr)
             return 1
