@@ -298,7 +298,6 @@ def load_influx(q: InfluxQL, run: str, now_ns: int | None = None) -> RunData:
     return data
 
 
-
 # -- recording files --------------------------------------------------------------------------------
 def read_points(paths: Iterable[str | Path]) -> tuple[dict[str, list[Row]], list[tuple[str, int, str]]]:
     """Rows per measurement from line-protocol files, deduplicated as InfluxDB would store them.
