@@ -26,7 +26,14 @@ import time
 from collections.abc import Iterator
 
 from gpulse.agent.connection_config import add_connection_flags
+from gpulse.cli.exit_codes import ExitCode
 from gpulse.influx.connection import ConfigError, Connection
+
+EXIT_CODES = (
+    ExitCode(0, "every line was sent"),
+    ExitCode(1, "some lines were not delivered (unreachable server, deadline, or rejected by the server)"),
+    ExitCode(3, "every valid line was sent, but some lines were invalid and skipped (named on stderr)"),
+)
 
 MAX_REPORTED = 20
 
