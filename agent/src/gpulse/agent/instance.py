@@ -4,10 +4,10 @@ What identifies an agent is what two agents must not share:
 
 * its **socket**: ``<socket>.lock`` beside it. Two agents on one socket would steal each other's
   training datagrams and status requests;
-* each **destination** it writes to: the database (URL, API, org and bucket/database) and the
-  ``--record`` file (its absolute path). Two agents writing one node's GPUs to one destination write
-  the same series (the same ``host`` tag): the second's ``agent`` health points overwrite the
-  first's and its GPU samples duplicate them. Its lock is ``agent-<sha256 of the destination>.lock``
+* each **destination** it writes to: the database (URL, API, org and bucket/database) with the
+  ``host`` tag it writes as, and the ``--record`` file (its absolute path). Two agents writing as one
+  host to one database write the same series: the second's ``agent`` health points overwrite the
+  first's and its GPU samples duplicate them (agents with their own ``--host`` write apart). Its lock is ``agent-<sha256 of the destination>.lock``
   in this user's runtime directory (the default socket's directory, ``$XDG_RUNTIME_DIR/gpulse``),
   whatever ``--socket`` says, so a second agent with another socket is refused too.
 
@@ -81,10 +81,11 @@ def locks(cfg: AgentConfig) -> list[tuple[str, str]]:
 
 
 def destinations(cfg: AgentConfig) -> list[str]:
-    """The database (as described, no secret) and the record file (absolute path) the agent writes to."""
+    """The database (as described, no secret) with the ``host`` tag the agent writes as, and the record
+    file (absolute path): what two agents must not share."""
     out = []
     if db := database_destination(cfg):
-        out.append(db)
+        out.append(f"{db} as host {cfg.host}")
     if cfg.record:
         out.append(f"record file {os.path.abspath(cfg.record)}")
     return out
