@@ -9,7 +9,10 @@ written nothing; ``agent --check`` and ``doctor`` name it too.
 
 from __future__ import annotations
 
+import grp
+import os
 import signal
+import stat
 import subprocess
 from pathlib import Path
 
@@ -82,7 +85,10 @@ def test_a_killed_agent_leaves_no_stale_lock(influxdb: InfluxDB1, clean_env: dic
     first = AgentProc(_args(influxdb, sock, tmp_path, "first"), clean_env, tmp_path, "first")
     wait_until(sock.exists, what="the socket")
     first.stop(sig=signal.SIGKILL)
-    assert sock.exists() and (sock.parent / "agent.sock.lock").exists()  # what a crash leaves behind
+    locks = list((Path(clean_env["XDG_RUNTIME_DIR"]) / "gpulse-locks").glob("agent-*.lock"))
+    assert (
+        sock.exists() and len(locks) == 2
+    )  # what a crash leaves behind: the socket, the socket's and database's locks
     second = _run(clean_env, "agent", *_args(influxdb, sock, tmp_path, "second"), "--duration", "1")
     assert second.returncode == 0, second.stderr
     assert f"training channel listening on {sock}" in second.stderr
@@ -117,3 +123,20 @@ def test_agents_with_their_own_socket_and_destination_run_side_by_side(
         p.proc.wait(timeout=60)
         assert p.stop() == 0, p.stderr
         assert p.summary()["samples"] > 0
+
+
+def test_the_locks_leave_the_socket_directory_to_the_channel(clean_env: dict[str, str], tmp_path: Path) -> None:
+    """The channel creates the socket's directory 0750 for ``--socket-group``; a lock made there first
+    (0700) would lock the group out."""
+    group = grp.getgrgid(os.getgid()).gr_name
+    sock = tmp_path / "shared" / "agent.sock"
+    agent = AgentProc(
+        ["--simulate", "1", "--record", str(tmp_path / "r.lp"), "--socket", str(sock), "--socket-group", group],
+        clean_env,
+        tmp_path,
+    )
+    try:
+        wait_until(sock.exists, what="the socket")
+        assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o750 and os.listdir(sock.parent) == ["agent.sock"]
+    finally:
+        assert agent.stop() == 0, agent.stderr

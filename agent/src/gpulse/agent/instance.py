@@ -2,14 +2,15 @@
 
 What identifies an agent is what two agents must not share:
 
-* its **socket**: ``<socket>.lock`` beside it. Two agents on one socket would steal each other's
-  training datagrams and status requests;
+* its **socket**: two agents on one socket would steal each other's training datagrams and status
+  requests;
 * each **destination** it writes to: the database (URL, API, org and bucket/database) with the
   ``host`` tag it writes as, and the ``--record`` file (its absolute path). Two agents writing as one
   host to one database write the same series: the second's ``agent`` health points overwrite the
-  first's and its GPU samples duplicate them (agents with their own ``--host`` write apart). Its lock is ``agent-<sha256 of the destination>.lock``
-  in this user's runtime directory (the default socket's directory, ``$XDG_RUNTIME_DIR/gpulse``),
-  whatever ``--socket`` says, so a second agent with another socket is refused too.
+  first's and its GPU samples duplicate them (agents with their own ``--host`` write apart).
+
+Each lock is ``agent-<sha256 of what it guards>.lock`` in this user's lock directory
+(:func:`lock_dir`), whatever ``--socket`` says: one place to look.
 
 ``flock`` locks belong to the open file: the kernel drops them when the process ends, however it
 ends (``kill -9``, a crash), so a dead agent never leaves a stale lock behind. The file says who
@@ -63,21 +64,21 @@ def database_destination(cfg: AgentConfig) -> str | None:
 
 
 def lock_dir() -> str:
-    """This user's runtime directory for gpulse (the default socket's), where destination locks live."""
-    from gpulse.agent.config import default_socket_path
+    """This user's directory of agent locks: ``$XDG_RUNTIME_DIR/gpulse-locks``, else ``/tmp/gpulse-<uid>-locks``.
 
-    return os.path.dirname(default_socket_path())
+    Not the socket's directory: the channel creates that one with its own modes (0750 with
+    ``--socket-group``), which a lock created first would pre-empt."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(runtime, "gpulse-locks") if runtime else f"/tmp/gpulse-{os.getuid()}-locks"
 
 
 def locks(cfg: AgentConfig) -> list[tuple[str, str]]:
     """(what it guards, lock file path) for each thing this configuration must hold alone."""
-    out = []
-    if not cfg.no_socket:
-        out.append((f"socket {cfg.socket_path}", cfg.socket_path + ".lock"))
-    for dest in destinations(cfg):
-        digest = hashlib.sha256(dest.encode()).hexdigest()[:20]
-        out.append((dest, os.path.join(lock_dir(), f"agent-{digest}.lock")))
-    return out
+    guarded = ([f"socket {os.path.abspath(cfg.socket_path)}"] if not cfg.no_socket else []) + destinations(cfg)
+    return [
+        (what, os.path.join(lock_dir(), f"agent-{hashlib.sha256(what.encode()).hexdigest()[:20]}.lock"))
+        for what in guarded
+    ]
 
 
 def destinations(cfg: AgentConfig) -> list[str]:
@@ -97,6 +98,8 @@ def _private_dir(path: str) -> None:
     st = os.stat(path)
     if st.st_uid != os.geteuid():
         raise PermissionError(f"lock directory {path} belongs to uid {st.st_uid}, not to this user")
+    if st.st_mode & 0o022:
+        raise PermissionError(f"lock directory {path} is writable by others: chmod 700 it")
 
 
 def _read_holder(fd: int, path: str) -> Holder:
