@@ -126,7 +126,8 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULSE_", "PYTEST_"))}
     env.update(
         PATH=f"{Path(sys.executable).parent}:{bin_dir}:{os.environ['PATH']}",
-        PYTHONPATH=str(site),
+        # the site module first, then the caller's path: the blocks run the gpulse under test
+        PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p),
         GPULSE_URL=server.url,
         GPULSE_API="v1",
         XDG_RUNTIME_DIR=str(root / "run"),
@@ -256,7 +257,7 @@ def test_without_a_gpu_the_agent_blocks_run_as_written_after_the_readme_s_one_li
     NVIDIA driver at all (this machine's real pynvml, no stand-in), every agent block runs."""
     assert "`export GPULSE_SIMULATE=8`" in README.read_text(encoding="utf-8")
     work, env = reader["work"], dict(reader["env"], GPULSE_SIMULATE="8")
-    env.pop("PYTHONPATH")  # no FakeNvml: the real pynvml finds no driver here
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # no FakeNvml: the real pynvml finds no driver here
     if block.id == "nodes":
         env.update(GPULSE_TOKEN_FILE=str(reader["token"]), GPULSE_SPOOL_DIR=str(reader["root"] / "spool"))
     out = subprocess.run(
