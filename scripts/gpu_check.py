@@ -458,7 +458,7 @@ def main() -> int:
     print(f"gpu-check: load: bf16 8192x8192 matmul loop on {len(loads)} of {len(names)} GPU(s)")
     cmd = [sys.executable, "-m", "gpulse", "agent", "--record", str(record), "--duration", str(args.duration)]
     cmd += ["--interval", str(args.interval), "--socket", str(sock), "--spool-dir", str(work / "spool")]
-    cmd += ["--self-metrics-interval", "2", "--host", "gpu-check"]
+    cmd += ["--self-metrics-interval", "2", "--host", "gpu-check", "--summary-file", str(work / "summary.json")]
     print(f"gpu-check: running {' '.join(cmd[1:])}")
     train: dict[str, Any] | None = None
     final: dict[str, Any] = {}
@@ -478,7 +478,8 @@ def main() -> int:
     finally:
         stop(procs)
     log_text = log_path.read_text(errors="replace")
-    final = next((json.loads(ln)["final"] for ln in reversed(log_text.splitlines()) if ln.startswith('{"final"')), {})
+    summary = work / "summary.json"
+    final = json.loads(summary.read_text()) if summary.exists() else {}
     if rc != 0 or not final:
         print(log_text[-3000:], file=sys.stderr)
         return fail(f"the agent exited with code {rc} (log above, also in {log_path}).")

@@ -11,7 +11,7 @@
 # Every command printed as advice works where it is printed (tests/test_up.py runs each one).
 #   scripts/up.sh demo   (make demo) the same preparation, then `gpulse demo` into the local stack
 #                        (started if needed), or, without Docker, a local demo: a recording file and
-#                        the run's HTML report.
+#                        the run's HTML report. With GPULSE_URL set, into that InfluxDB instead, said first.
 #
 # Secrets live in files (0600, git-ignored) and are never printed. For tests: GPULSE_UP_DURATION=S
 # stops the agent after S seconds; VENV=path uses another virtualenv.
@@ -63,6 +63,10 @@ start_stack() {
 
 # 3a. make demo
 if [ "$MODE" = demo ]; then
+  if [ -n "${GPULSE_URL:-}" ]; then
+    say "GPULSE_URL is set, so the demo goes to the InfluxDB at $GPULSE_URL, with its GPULSE_* settings (unset GPULSE_URL for the local stack, or a local demo without Docker)."
+    exec "$PY" -m gpulse demo --out "$STATE/demo"
+  fi
   if ! influx_answers && docker_engine; then
     start_stack
   fi
@@ -70,8 +74,7 @@ if [ "$MODE" = demo ]; then
     exec "$PY" -m gpulse demo --url "$influx_url" --token-file "$TOKEN_FILE" --grafana-url "$grafana_url" --out "$STATE/demo"
   fi
   mkdir -p "$STATE"
-  say "No Docker engine and no InfluxDB at $influx_url, so the demo runs locally: points to $STATE/demo.lp, the run's report to $STATE/demo/."
-  rm -f "$STATE/demo.lp"
+  say "No Docker engine and no InfluxDB at $influx_url, so the demo runs locally: points to $STATE/demo.lp (replaced once complete), the run's report to $STATE/demo/."
   "$PY" -m gpulse demo --record "$STATE/demo.lp" --out "$STATE/demo"
   cat <<EOF
   open the report:   $STATE/demo/metrics_report.html

@@ -126,7 +126,8 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULSE_", "PYTEST_"))}
     env.update(
         PATH=f"{Path(sys.executable).parent}:{bin_dir}:{os.environ['PATH']}",
-        PYTHONPATH=str(site),
+        # the site module first, then the caller's path: the blocks run the gpulse under test
+        PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p),
         GPULSE_URL=server.url,
         GPULSE_API="v1",
         XDG_RUNTIME_DIR=str(root / "run"),
@@ -147,6 +148,7 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         assert sock.exists(), (root / "agent.log").read_text()
         yield {
             "server": server,
+            "root": root,
             "work": work,
             "env": env,
             "socket": str(sock),
@@ -201,7 +203,7 @@ def test_a_readme_block_runs(reader: dict, block: Block) -> None:
         return
     before = _runs(reader)
     if block.lang == "python":
-        script = work / f"readme_{block.id}.py"
+        script = reader["root"] / f"readme_{block.id}.py"  # the test's file, not the reader's: outside work
         script.write_text(block.body)
         env["GPULSE_SOCKET"] = reader["socket"]
         cmd = [sys.executable, str(script)]
@@ -211,7 +213,7 @@ def test_a_readme_block_runs(reader: dict, block: Block) -> None:
             env["GPULSE_SOCKET"] = reader["socket"]
         if block.id == "nodes":
             # the TOML names the reader's server and files; here the environment (which wins) points at the test's
-            env.update(GPULSE_TOKEN_FILE=str(reader["token"]), GPULSE_SPOOL_DIR=str(work / "spool"))
+            env.update(GPULSE_TOKEN_FILE=str(reader["token"]), GPULSE_SPOOL_DIR=str(reader["root"] / "spool"))
         cmd = ["bash", "-euo", "pipefail", "-c", block.body]
     out = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=240, check=False)
     text = out.stdout + out.stderr
@@ -232,7 +234,7 @@ def test_a_readme_block_runs(reader: dict, block: Block) -> None:
         steps = _rows(reader, f'SELECT count("step_time_s") FROM "train_step" WHERE "run" = \'{run}\'')
         assert steps and steps[0]["count"] >= 4, (steps, where)
     elif block.id == "setup":
-        assert "DIAGNOSIS:" in out.stdout and (work / "demo-report" / "metrics_report.html").exists(), where
+        assert "DIAGNOSIS:" in out.stdout and (work / "out" / "demo-report" / "metrics_report.html").exists(), where
     elif block.id == "agent":
         assert "GPUs:" in out.stdout and "NVIDIA H100" in out.stdout, where  # `gpulse status` answered
     elif block.id == "record":
@@ -242,7 +244,7 @@ def test_a_readme_block_runs(reader: dict, block: Block) -> None:
     elif block.id == "nodes":
         assert "checks passed" in out.stdout, where
     elif block.id == "report":
-        assert "DIAGNOSIS:" in out.stdout and (work / "report" / "metrics_report.html").exists(), where
+        assert "DIAGNOSIS:" in out.stdout and (work / "out" / "report" / "metrics_report.html").exists(), where
 
 
 NO_GPU_BLOCKS = ("agent", "record", "doctor", "nodes")
@@ -255,9 +257,9 @@ def test_without_a_gpu_the_agent_blocks_run_as_written_after_the_readme_s_one_li
     NVIDIA driver at all (this machine's real pynvml, no stand-in), every agent block runs."""
     assert "`export GPULSE_SIMULATE=8`" in README.read_text(encoding="utf-8")
     work, env = reader["work"], dict(reader["env"], GPULSE_SIMULATE="8")
-    env.pop("PYTHONPATH")  # no FakeNvml: the real pynvml finds no driver here
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # no FakeNvml: the real pynvml finds no driver here
     if block.id == "nodes":
-        env.update(GPULSE_TOKEN_FILE=str(reader["token"]), GPULSE_SPOOL_DIR=str(work / "spool"))
+        env.update(GPULSE_TOKEN_FILE=str(reader["token"]), GPULSE_SPOOL_DIR=str(reader["root"] / "spool"))
     out = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", block.body], cwd=work, env=env, capture_output=True, text=True, timeout=240
     )
@@ -269,3 +271,11 @@ def test_without_a_gpu_the_agent_blocks_run_as_written_after_the_readme_s_one_li
     assert out.returncode == 0, where
     if block.id == "agent":
         assert "simulated H100" in out.stdout and "GPUs:" in out.stdout, where
+
+
+def test_the_readme_s_commands_leave_the_checkout_clean_but_for_out(reader: dict) -> None:
+    """Runs after the blocks (pytest keeps the file's order). Before: they left ``demo-report/``,
+    ``report/`` and ``metrics_report.json`` beside the reader's checkout files. What may be there:
+    ``secrets/`` (``make up``), ``gpulse.toml`` (the README has the reader write it) and ``out/``
+    (git-ignored, where every command of the README writes)."""
+    assert {p.name for p in reader["work"].iterdir()} <= {"secrets", "gpulse.toml", "out"}

@@ -207,12 +207,17 @@ def test_make_demo_without_docker_runs_the_whole_demo_locally_and_its_advice_wor
     (checkout / ".env.example").write_text(
         (checkout / ".env.example").read_text().replace("GPULSE_INFLUX_PORT=8086", "GPULSE_INFLUX_PORT=1")
     )
+    previous = checkout / ".gpulse/demo.lp"
+    previous.parent.mkdir()
+    previous.write_text("previous,host=a value=1i 1\n")  # an earlier demo's recording
     out = _up(checkout, env, "demo")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "the demo runs locally" in out.stdout
     assert "DIAGNOSIS:" in out.stdout
     assert (checkout / ".gpulse/demo/metrics_report.html").exists()
-    assert (checkout / ".gpulse/demo.lp").stat().st_size > 1_000_000
+    assert previous.stat().st_size > 1_000_000
+    assert not previous.read_text().startswith("previous,")  # replaced, not appended to
+    assert not list(previous.parent.glob("demo.lp.partial*"))
     # Before: "again any time: gpulse report --run demo-...", which needs a database this machine lacks
     again = out.stdout.split("again any time: ", 1)[1].splitlines()[0]
     assert again == "gpulse report --from-file .gpulse/demo.lp --html --out .gpulse/demo"
@@ -232,3 +237,21 @@ def test_make_demo_without_docker_runs_the_whole_demo_locally_and_its_advice_wor
     assert r.returncode == 0, r.stdout + r.stderr
     counted = influxdb.query('SELECT count("util_gpu_pct") FROM "gpu"', db="gpulse")["results"][0]["series"]
     assert counted[0]["values"][0][1] > 1000
+
+
+def test_make_demo_with_gpulse_url_set_says_it_goes_there_does_so_and_keeps_the_local_recording(
+    checkout: Path, tmp_path: Path, influxdb: InfluxDB1
+) -> None:
+    """Before: "the demo runs locally", then exit 2, with the previous 26 MB .gpulse/demo.lp already
+    deleted; with a token it wrote to that database while saying "locally"."""
+    env = _env(tmp_path, NO_ENGINE)
+    env.update(GPULSE_URL=influxdb.url, GPULSE_API="v1")  # a database without `gpulse setup`
+    previous = checkout / ".gpulse/demo.lp"
+    previous.parent.mkdir()
+    previous.write_text("previous,host=a value=1i 1\n")
+    out = _up(checkout, env, "demo")
+    assert f"GPULSE_URL is set, so the demo goes to the InfluxDB at {influxdb.url}" in out.stdout
+    assert "locally" not in out.stdout
+    assert out.returncode == 1, out.stdout + out.stderr  # that database is not set up: said, with the fix
+    assert f"gpulse setup --url {influxdb.url} --api v1" in out.stderr
+    assert previous.read_text() == "previous,host=a value=1i 1\n"

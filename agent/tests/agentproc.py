@@ -1,4 +1,4 @@
-"""Run the real ``gpulse agent`` as a subprocess in tests, and read its final JSON summary."""
+"""Run the real ``gpulse agent`` as a subprocess in tests, and read its final counts (``--summary-file``)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,12 @@ class AgentProc:
         """``prefix``: a command that execs the agent in the same process (e.g. ``unshare ...``)."""
         self.args = args
         self.stderr_path = workdir / f"{name}.stderr"
+        self.summary_path = workdir / f"{name}.summary.json"
         self._err = open(self.stderr_path, "wb")
-        cmd = [*prefix, *gpulse_cmd(*(["-v"] if verbose else []), "agent", *args)]
+        cmd = [
+            *prefix,
+            *gpulse_cmd(*(["-v"] if verbose else []), "agent", *args, "--summary-file", str(self.summary_path)),
+        ]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self._err)
         self.pid = self.proc.pid
 
@@ -54,11 +58,10 @@ class AgentProc:
         return rc
 
     def summary(self) -> dict[str, Any]:
-        """The ``{"final": ...}`` line the agent prints at exit."""
-        for line in reversed(self.stderr.splitlines()):
-            if line.startswith('{"final"'):
-                return json.loads(line)["final"]
-        raise AssertionError(f"no final summary in the agent's stderr:\n{self.stderr[-3000:]}")
+        """The final counts the agent wrote at exit."""
+        if not self.summary_path.exists():
+            raise AssertionError(f"no final summary from the agent; its stderr:\n{self.stderr[-3000:]}")
+        return json.loads(self.summary_path.read_text())  # type: ignore[no-any-return]
 
 
 def points_in(server: InfluxDB1, measurement: str, where: str = "") -> int:

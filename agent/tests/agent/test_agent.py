@@ -40,6 +40,7 @@ def make_cfg(tmp_path: Path, *argv: str) -> AgentConfig:
     parser = argparse.ArgumentParser()
     agent_cmd.add_arguments(parser)
     base = ["--record", str(tmp_path / "record.lp"), "--spool-dir", str(tmp_path / "spool"), "--host", "node-t"]
+    base += ["--summary-file", str(tmp_path / "summary.json")]
     return load_config(parser.parse_args([*base, *argv]), {})
 
 
@@ -47,13 +48,14 @@ def run_agent(cfg: AgentConfig, source: SimulatedSource | None = None) -> tuple[
     out = io.StringIO()
     agent = Agent(cfg, source=source, stream=out, tty=False)
     assert agent.run() == 0
-    return final_summary(out.getvalue()), read_record(cfg)
+    assert '"samples"' not in out.getvalue()  # no JSON for people: the counts go to --summary-file
+    return final_summary(cfg), read_record(cfg)
 
 
-def final_summary(text: str) -> dict:
-    lines = [ln for ln in text.splitlines() if ln.startswith('{"final"')]
-    assert len(lines) == 1, text
-    return json.loads(lines[0])["final"]
+def final_summary(cfg: AgentConfig) -> dict:
+    """The counts the agent wrote to ``--summary-file`` at exit."""
+    assert cfg.summary_file
+    return json.loads(Path(cfg.summary_file).read_text())
 
 
 def read_record(cfg: AgentConfig) -> list[ParsedLine]:

@@ -65,7 +65,7 @@ def test_status_self_metrics_and_summary_read_the_same_counters(tmp_path: Path) 
         agent.request_stop()
     finally:
         thread.join(timeout=30)
-    summary = final_summary(out.getvalue())
+    summary = final_summary(cfg)
     status = agent.snapshot()
     point = agent.self_metrics()
     for key in ("samples", "cycles_skipped", "lines_written", "lines_spooled", "records_received"):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from support.fixtures import gpulse_cmd
-from support.influxd import InfluxDB1
+from support.influxd import InfluxDB1, free_port
 
 ADVICE = re.compile(r"`((?:[A-Z_]+=\S* )*gpulse [^`]+)`")
 
@@ -77,7 +77,7 @@ def test_the_agent_without_a_gpu_names_the_way_out_and_it_works(machine: tuple[P
     assert advised(r.stderr) == ["gpulse agent --simulate 8"]
     ok = follow("gpulse agent --simulate 8", work, env)
     assert ok.returncode == 0, ok.stderr[-2000:]
-    assert '"gpus":8' in ok.stderr
+    assert ": 8 GPU(s); simulated 8xH100" in ok.stderr
 
 
 def test_every_command_the_doctor_advises_without_gpu_or_database_works(machine: tuple[Path, dict[str, str]]) -> None:
@@ -100,6 +100,25 @@ def test_every_command_the_doctor_advises_without_gpu_or_database_works(machine:
         else:
             assert r.returncode == 0, where
     assert (work / "node.lp").stat().st_size > 0
+
+
+def test_with_gpulse_url_exported_the_doctor_s_record_advice_records_only_and_the_doctor_stays_clean(
+    machine: tuple[Path, dict[str, str]],
+) -> None:
+    """Before: `gpulse agent --simulate 8 --record node.lp`, followed with GPULSE_URL exported (as the
+    README's database section does), also wrote to that URL and spooled; the doctor then failed on the spool."""
+    work, env = machine
+    env = dict(env, GPULSE_URL=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    doctor = follow("gpulse doctor", work, env)
+    record = next(c for c in advised(doctor.stdout) if "--record" in c)
+    assert record == "gpulse agent --simulate 8 --record node.lp"
+    r = follow(record, work, env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"(recording only: {env['GPULSE_URL'].join(('GPULSE_URL=', ''))} is not used" in r.stderr
+    assert "WARNING" not in r.stderr and "0 spooled" in r.stderr
+    assert (work / "node.lp").stat().st_size > 0
+    after = follow("gpulse doctor", work, env)
+    assert "✔ spool: empty" in after.stdout, after.stdout
 
 
 def test_the_demo_without_a_database_advises_the_local_demo_and_that_demo_its_report_command(

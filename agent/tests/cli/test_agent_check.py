@@ -62,8 +62,10 @@ def test_a_reachable_database_that_exists_passes_every_check(
 ) -> None:
     r = check(clean_env, "--api", "v1", "--url", influxdb_module.url, "--spool-dir", str(tmp_path / "spool"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert verdicts(r.stdout) == dict.fromkeys(("config", "gpus", "spool", "database", "token", "bucket"), "ok")
-    assert "InfluxDB 1.6" in r.stdout and "all 6 checks passed" in r.stdout
+    assert verdicts(r.stdout) == dict.fromkeys(
+        ("config", "agent", "gpus", "spool", "database", "token", "bucket"), "ok"
+    )
+    assert "InfluxDB 1.6" in r.stdout and "all 7 checks passed" in r.stdout
 
 
 def test_a_missing_database_fails_and_says_how_to_create_it(
@@ -85,7 +87,7 @@ def test_a_wrong_url_fails_the_database_check_and_skips_the_credentials_without_
     v = verdicts(r.stdout)
     assert v["database"] == "FAIL" and v["token"] == v["bucket"] == "SKIP" and v["gpus"] == "ok"
     assert f"cannot reach {url}" in r.stdout and "Connection refused" in r.stdout
-    assert r.stdout.rstrip().splitlines()[-1] == "gpulse agent --check: 1 of 4 checks failed, 2 skipped"
+    assert r.stdout.rstrip().splitlines()[-1] == "gpulse agent --check: 1 of 5 checks failed, 2 skipped"
 
 
 def test_v1_wrong_credentials_fail_and_the_right_ones_pass(
@@ -158,4 +160,4 @@ def test_v2_a_wrong_token_or_a_missing_bucket_fails_with_the_fix(fake_v2: FakeIn
     assert run_checks(v2_config(fake_v2.url, fake_v2.state.operator_token, "nope", tmp_path), out) == 1
     assert "FAIL bucket: bucket 'nope' does not exist in org 'gpulse'" in out.getvalue()
     assert "gpulse setup" in out.getvalue()
-    assert "1 of 6 checks failed" in out.getvalue()
+    assert "1 of 7 checks failed" in out.getvalue()

@@ -107,13 +107,20 @@ def test_after_the_demo_every_panel_of_a_dashboard_shows_data_over_its_default_r
     assert [title for title, n in counts.items() if n == 0] == []
 
 
-def test_without_a_database_the_demo_records_a_file_and_reports_from_it(tmp_path: Path) -> None:
+def test_without_a_database_the_demo_records_a_file_and_reports_from_it(influxdb: InfluxDB1, tmp_path: Path) -> None:
+    """``--record`` records only, even with GPULSE_URL exported (before: the demo went to that URL,
+    and failed there); the file is replaced once complete, never appended to."""
     record = tmp_path / "demo.lp"
+    record.write_text("previous,host=a value=1i 1\n")
+    env = {**_env(tmp_path), "GPULSE_URL": influxdb.url, "GPULSE_API": "v1"}
     out = subprocess.run(
         gpulse_cmd("demo", "--record", str(record), "--hours", "1", "--out", str(tmp_path / "report")),
-        env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False,
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
+    assert f"-> {record} only (GPULSE_URL={influxdb.url} is not used with --record" in out.stdout
+    assert influxdb.count("gpu", "util_gpu_pct") == 0
+    assert not record.read_text().startswith("previous,")
     assert "Grafana" not in out.stdout  # nothing to link to
     assert "DIAGNOSIS:" in out.stdout
     parsed = list(read_lines(record))

@@ -374,9 +374,10 @@ def test_data_waiting_in_a_sink_s_spool_is_reported_per_sink_and_fails_once_it_w
     run = gpulse(
         clean_env, "agent", "--simulate", "2", "--url", url, "--token-file", str(token), "--duration", "3",
         "--flush-interval", "0.5", "--spool-dir", str(spool), "--no-socket",
+        "--summary-file", str(tmp_path / "summary.json"),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    final = json.loads(next(ln for ln in run.stderr.splitlines() if ln.startswith('{"final"')))["final"]
+    final = json.loads((tmp_path / "summary.json").read_text())
     assert final["lines_spooled"] > 0 and final["lines_written"] == 0
     cfg = cfg_for(url, tmp_path, api="v2", simulate=2, token_file=str(token), flush_interval=0.5)
     time.sleep(2.6)  # the oldest point is now older than 5 flush intervals of 0.5 s

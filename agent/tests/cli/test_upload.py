@@ -7,8 +7,11 @@ each advice it prints is followed here and works.
 
 from __future__ import annotations
 
+import http.client
 import os
 import pty
+import re
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,8 +19,9 @@ from pathlib import Path
 import pytest
 from support.fixtures import gpulse_cmd
 from support.influxd import InfluxDB1, free_port
-from support.rawhttp import RawHTTPServer, respond
+from support.rawhttp import RawHTTPServer, RawRequest, head, respond, silent
 
+from gpulse.cli.commands.upload import MAY_HEAL, WILL_NOT_HEAL
 from gpulse.lineprotocol.encode import Encoder
 
 TAGS = {"run": "up1", "rank": "0", "local_rank": "0", "world_size": "1", "host": "node1"}
@@ -219,10 +223,11 @@ def test_an_outage_is_retried_until_the_deadline_said_up_front_and_then_given_up
         res, took = run_upload(clean_env, "--url", server.url, "--api", "v1", "--deadline", "2", str(f))
     assert res.returncode == 1 and took < 15
     lines = res.stderr.splitlines()
-    assert "connection failures, timeouts, 429 and 5xx answers are retried until" in lines[0]
+    assert f"{MAY_HEAL} are retried until" in lines[0] and f"{WILL_NOT_HEAL} stops at once" in lines[0]
     assert "(--deadline 2 s)" in lines[0]
     retries = [x for x in lines if "retrying in" in x]
-    assert retries and all("HTTP 503: overloaded" in x and "(deadline 2 s)" in x for x in retries)
+    # the deadline counts from the start: what the probe took is off the time left for writing
+    assert retries and all("HTTP 503: overloaded" in x and re.search(r"\(deadline [12]\.?\d* s\)", x) for x in retries)
     assert "would come after the deadline" in lines[len(retries) + 1]  # no pointless wait for the deadline
     assert "gpulse upload: gave up at the deadline (--deadline 2 s) while retrying: HTTP 503: overloaded" in res.stderr
     assert "Run the same command again" in res.stderr and "4 not delivered" in res.stdout
@@ -318,3 +323,76 @@ def test_on_influxdb_3_a_line_the_server_refuses_is_the_only_one_not_written(tmp
     assert len(steps) == 20 and len(writes) == 2  # the direct write above, then one for the whole file
     assert "uploaded 20 lines" in res.stdout and "1 rejected by the server" in res.stdout, res.stdout + res.stderr
     assert "line 21: invalid column type for column 'util_gpu_pct'" in res.stderr
+
+
+def test_the_rule_is_said_in_the_help() -> None:
+    """Before: "retried until" the deadline, while a closed port gave up after 0.24 s and a silent server after 10 s."""
+    res = subprocess.run(gpulse_cmd("upload", "--help"), capture_output=True, text=True, timeout=60)
+    text = " ".join(res.stdout.split())
+    assert f"retry {MAY_HEAL} for at most S seconds in all (default 300); {WILL_NOT_HEAL} fails at once" in text
+
+
+def test_a_host_name_that_does_not_resolve_fails_at_once(tmp_path: Path, clean_env):
+    f = tmp_path / "r.lp"
+    f.write_text(recording(2, run="up11"))
+    res, _ = run_upload(clean_env, "--url", "http://no-such-host.invalid:8086", "--api", "v1", str(f))
+    assert res.returncode == 1 and "cannot resolve 'no-such-host.invalid'" in res.stderr
+    assert "asking again" not in res.stderr and "Nothing was sent." in res.stderr
+
+
+def test_a_silent_server_is_asked_until_the_deadline_not_until_one_request_times_out(tmp_path: Path, clean_env):
+    """Before: with --deadline 15 a server that never answers was given up after 10 s (one request's
+    timeout); with --deadline 2, after the same 10 s."""
+    f = tmp_path / "r.lp"
+    f.write_text(recording(2, run="up12"))
+    with RawHTTPServer(silent) as server:
+        res, _ = run_upload(clean_env, "--url", server.url, "--api", "v1", "--deadline", "2", str(f))
+    assert res.returncode == 1, res.stderr
+    assert "no complete answer within 2 s" in res.stderr  # the try was cut to the time left
+    assert "gave up at the deadline (--deadline 2 s). Nothing was sent." in res.stderr
+
+
+class RestartingInfluxDB:
+    """A reverse proxy in front of a real InfluxDB that is down for its first ``down_s`` seconds.
+
+    Stands in for nginx in front of an InfluxDB that restarts: while its upstream is down nginx answers
+    ``502 Bad Gateway`` with its own headers (no ``X-Influxdb-Version``; ``ngx_http_upstream_next`` in
+    ``src/http/ngx_http_upstream.c``), then passes each request on. It differs from nginx in
+    everything else (one upstream request per request, no keep-alive to the upstream, no buffering)."""
+
+    def __init__(self, upstream: InfluxDB1, down_s: float) -> None:
+        self.upstream, self.up_at = upstream, time.monotonic() + down_s
+        self.answered_down = 0
+
+    def __call__(self, sock: socket.socket, req: RawRequest, server: RawHTTPServer) -> bool:
+        if time.monotonic() < self.up_at:
+            self.answered_down += 1
+            body = b"<html><body>502 Bad Gateway</body></html>"
+            server.send(sock, head("502 Bad Gateway", len(body), "Server: nginx\r\n", influxdb=False) + body)
+            return True
+        conn = http.client.HTTPConnection("127.0.0.1", self.upstream.port, timeout=30)
+        try:
+            headers = {k: v for k, v in req.headers.items() if k not in ("host", "connection")}
+            conn.request(req.method, req.path, body=req.body or None, headers=headers)
+            r = conn.getresponse()
+            body = r.read()
+            extra = "".join(
+                f"{k}: {v}\r\n" for k, v in r.getheaders() if k.lower() not in ("content-length", "connection")
+            )
+            server.send(sock, head(f"{r.status} {r.reason}", len(body), extra, influxdb=False) + body)
+        finally:
+            conn.close()
+        return True
+
+
+def test_a_database_that_comes_back_before_the_deadline_gets_everything(tmp_path: Path, influxdb, clean_env):
+    f = tmp_path / "r.lp"
+    f.write_text(recording(50, run="up13"))
+    proxy = RestartingInfluxDB(influxdb, down_s=3.0)
+    with RawHTTPServer(proxy) as server:
+        res, _ = run_upload(clean_env, "--url", server.url, "--api", "v1", "--deadline", "60", str(f))
+    assert res.returncode == 0, res.stderr
+    assert proxy.answered_down >= 2  # asked while it was down, and again
+    assert f"gpulse upload: {server.url} answered /ping with HTTP 502" in res.stderr and "asking again in" in res.stderr
+    assert "uploaded 51 lines" in res.stdout
+    assert influxdb.count("train_step", "step", where="run = 'up13'") == 50

@@ -497,7 +497,8 @@ def test_after_a_driver_upgrade_the_agent_exits_non_zero_with_the_reason(monkeyp
     parser = __import__("argparse").ArgumentParser()
     cmd.add_arguments(parser)
     args = parser.parse_args(["--record", str(tmp_path / "r.lp"), "--no-socket", "--interval", "0.1",
-                              "--duration", "20", "--spool-dir", str(tmp_path / "spool"), "--host", "n"])  # fmt: skip
+                              "--duration", "20", "--spool-dir", str(tmp_path / "spool"), "--host", "n",
+                              "--summary-file", str(tmp_path / "summary.json")])  # fmt: skip
     source = NvmlSource(events=False, reinit_backoff_s=(0.1, 0.1))
     out = io.StringIO()
     agent = Agent(load_config(args), source=source, stream=out, tty=False)
@@ -508,7 +509,7 @@ def test_after_a_driver_upgrade_the_agent_exits_non_zero_with_the_reason(monkeyp
     t.join()
     assert rc == EXIT_FAILURE and time.monotonic() - started < 10
     assert "gpulse agent: NVML reports an NVML/RM version mismatch" in out.getvalue()
-    assert '{"final"' in out.getvalue()
+    assert __import__("json").loads((tmp_path / "summary.json").read_text())["reason"] == "GPU source failed"
     fake.check()
 
 

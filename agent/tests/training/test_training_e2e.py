@@ -290,9 +290,10 @@ def test_two_gloo_processes_give_two_ranks_under_one_run_id(agent, influxdb_modu
     assert all(r["comm_s"] is not None and r["comm_s"] >= 0 for r in rows)
 
 
-def test_killing_the_agent_mid_run_loses_no_step_once_the_recording_is_uploaded(influxdb_module, env, tmp_path):
+def test_killing_the_agent_mid_run_loses_no_step_once_the_recording_is_uploaded(influxdb, env, tmp_path):
+    # its own InfluxDB: the module's agent still runs, and a node has one agent per database (gpulse.agent.instance)
     sock, spool = tmp_path / "s" / "agent.sock", tmp_path / "spool"
-    victim = AgentProc(agent_flags(influxdb_module, sock, spool), env, tmp_path, "victim")
+    victim = AgentProc(agent_flags(influxdb, sock, spool), env, tmp_path, "victim")
     wait_until(lambda: sock.exists(), 30, "the agent's socket")
     n = 60
     model = torch.nn.Linear(16, 1)
@@ -303,31 +304,31 @@ def test_killing_the_agent_mid_run_loses_no_step_once_the_recording_is_uploaded(
         run.log(loss=1.0 / (i + 1))
         time.sleep(0.01)
         if i == 20:
-            wait_until(lambda: step_counts(influxdb_module, run.run_id).get("0", 0) >= 5, 10, "the first steps")
+            wait_until(lambda: step_counts(influxdb, run.run_id).get("0", 0) >= 5, 10, "the first steps")
             victim.stop(sig=9)  # SIGKILL: no shutdown, no flush, no final acks
     run.finish()  # must not raise; the agent is gone
-    in_db = step_counts(influxdb_module, run.run_id).get("0", 0)
+    in_db = step_counts(influxdb, run.run_id).get("0", 0)
     record = tmp_path / "out" / RECORD_FILE
     recorded = [p for _, _, p in read_records(record) if getattr(p, "measurement", None) == "train_step"]
     assert 0 < in_db < n and recorded
     assert in_db + len(recorded) >= n  # every step is somewhere
-    upload = gpulse_cmd("upload", "--url", influxdb_module.url, "--api", "v1", "--bucket", "gpulse", str(record))
+    upload = gpulse_cmd("upload", "--url", influxdb.url, "--api", "v1", "--bucket", "gpulse", str(record))
     res = subprocess.run(upload, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     spooled = sum(f.stat().st_size for f in spool.rglob("*") if f.is_file())
     if spooled == 0:  # the usual case: what the agent acked it had written
-        wait_steps(influxdb_module, run.run_id, {"0": n})
+        wait_steps(influxdb, run.run_id, {"0": n})
     else:  # it had acked points from its fsynced spool: the next agent on that spool replays them
-        again = AgentProc(agent_flags(influxdb_module, sock, spool), env, tmp_path, "again")
+        again = AgentProc(agent_flags(influxdb, sock, spool), env, tmp_path, "again")
         try:
-            wait_steps(influxdb_module, run.run_id, {"0": n})
+            wait_steps(influxdb, run.run_id, {"0": n})
         finally:
             again.stop()
-    rows = influxdb_module.rows(f"SELECT step, log_loss FROM train_step WHERE \"run\" = '{run.run_id}'")
+    rows = influxdb.rows(f"SELECT step, log_loss FROM train_step WHERE \"run\" = '{run.run_id}'")
     assert sorted(int(r["step"]) for r in rows) == list(range(1, n + 1))  # every step, once
     assert all(r["log_loss"] == 1.0 / r["step"] for r in rows)
-    runs = influxdb_module.rows(f"SELECT event, status FROM train_run WHERE \"run\" = '{run.run_id}'")
+    runs = influxdb.rows(f"SELECT event, status FROM train_run WHERE \"run\" = '{run.run_id}'")
     assert sorted((r["event"], r["status"]) for r in runs) == [("end", "finished"), ("start", "running")]
     # a second upload changes nothing: same series, same timestamps
     subprocess.run(upload, env=env, check=True, capture_output=True, timeout=60)
-    assert step_counts(influxdb_module, run.run_id) == {"0": n}
+    assert step_counts(influxdb, run.run_id) == {"0": n}

@@ -132,7 +132,11 @@ class AgentConfig:
     max_bytes: int = 4 << 20
     #: replay data spooled for another destination (another URL, API, org/bucket, database) into this one
     replay_spool_to_new_destination: bool = False
+    #: at exit, the final counts as JSON go to this file (scripts and tests read them; people read the log line)
+    summary_file: str | None = None
     config_path: str | None = field(default=None, compare=False)
+    #: a URL set but not used, because a stronger setting asked for recording only (:func:`record_only`)
+    unused_url: str | None = field(default=None, compare=False)
 
     @property
     def socket_path(self) -> str:
@@ -143,6 +147,8 @@ class AgentConfig:
         src = f"simulated {self.simulate}x{self.simulate_model} (seed {self.seed})" if self.simulate else "NVML"
         dest = self.connection.describe() if self.connection.url else "no database"
         rec = f", recording to {self.record}" if self.record else ""
+        if self.unused_url:
+            rec += f" (recording only: {self.unused_url} is not used; add --url to send there too)"
         return f"{src} every {self.interval:g}s -> {dest}{rec}; spool {self.spool_dir}"
 
 
@@ -169,6 +175,7 @@ _SETTINGS: dict[str, _Conv] = {
     "max_lines": _int,
     "max_bytes": parse_size,
     "replay_spool_to_new_destination": _bool,
+    "summary_file": _str,
 }
 
 
@@ -207,13 +214,35 @@ def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_connection(
-    args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None, *, url_optional: bool = False
+    args: argparse.Namespace | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    url_optional: bool = False,
+    record_flag: bool = False,
 ) -> Connection:
-    """Any command's connection: the config file's ``[connection]`` < environment < flags (and defaults)."""
+    """Any command's connection: the config file's ``[connection]`` < environment < flags (and defaults).
+
+    ``record_flag``: the command was given ``--record``, which takes a URL only from ``--url``
+    (:func:`record_only`; :func:`url_unused_by_record` names the URL that leaves out)."""
+    env, table, path, _unused = _connection_sources(args, env, record_flag)
+    return resolve_connection(args, env, table, url_optional=url_optional, config_path=path)
+
+
+def url_unused_by_record(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """The URL a ``--record`` flag leaves unused (``GPULSE_URL=...``, ``url in FILE``), if any."""
+    return _connection_sources(args, env, True)[3]
+
+
+def _connection_sources(
+    args: argparse.Namespace | None, env: Mapping[str, str] | None, record_flag: bool
+) -> tuple[Mapping[str, str], Mapping[str, Any], str | None, str | None]:
+    """(environment, ``[connection]`` table, config path, unused URL) a connection is resolved from."""
     env = os.environ if env is None else env
     path = config_path(args, env)
     table = load_toml(path).get("connection", {}) if path else {}
-    return resolve_connection(args, env, table, url_optional=url_optional, config_path=path)
+    url_flag = getattr(args, "url", None) is not None
+    env, table, unused = record_only("flag" if record_flag else "", url_flag, env, table, path)
+    return env, table, path, unused
 
 
 def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -225,28 +254,51 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
     toml_agent: dict[str, Any] = data.get("agent", {})
 
     values: dict[str, Any] = {}
+    record_from = ""
     for name, conv in _SETTINGS.items():
         if a.get(name) is not None:
-            raw, where = a[name], f"--{name.replace('_', '-')}"
+            raw, where, level = a[name], f"--{name.replace('_', '-')}", "flag"
         elif env.get(env_name(name)):
-            raw, where = env[env_name(name)], env_name(name)
+            raw, where, level = env[env_name(name)], env_name(name), "env"
         elif name in toml_agent:
-            raw, where = toml_agent[name], f"{name} in {path}"
+            raw, where, level = toml_agent[name], f"{name} in {path}", "file"
         else:
             continue
         values[name] = conv(raw, where)
+        if name == "record":
+            record_from = level
 
     record = values.get("record")
-    conn = resolve_connection(args, env, data.get("connection"), url_optional=bool(record), config_path=path)
+    url_flag = a.get("url") is not None
+    conn_env, conn_toml, unused_url = record_only(record_from, url_flag, env, data.get("connection") or {}, path)
+    conn = resolve_connection(args, conn_env, conn_toml, url_optional=bool(record), config_path=path)
     values.setdefault("spool_dir", default_spool_dir(env))
     values["spool_dir"] = os.path.expanduser(values["spool_dir"])
     if record:
         values["record"] = os.path.expanduser(record)
     if not values.get("host"):
         values["host"] = socket.gethostname()
-    cfg = AgentConfig(connection=conn, config_path=path, **values)
+    cfg = AgentConfig(connection=conn, config_path=path, unused_url=unused_url, **values)
     validate(cfg)
     return cfg
+
+
+def record_only(
+    record_from: str, url_flag: bool, env: Mapping[str, str], toml: Mapping[str, Any], path: str | None
+) -> tuple[Mapping[str, str], Mapping[str, Any], str | None]:
+    """The environment and ``[connection]`` table the connection is read from, and the URL left unused.
+
+    Recording is recording: a record file set in one place (a flag, the environment, the file) sends to a
+    database only when a URL is set in the same or a stronger place. ``--record FILE`` with
+    ``GPULSE_URL`` exported (as the README's database section does) writes only FILE; ``--record FILE
+    --url URL`` writes both. The URL left unused is said at start, never silently dropped."""
+    if record_from == "flag" and env.get("GPULSE_URL"):
+        unused = f"GPULSE_URL={env['GPULSE_URL']}"
+        env = {k: v for k, v in env.items() if k != "GPULSE_URL"}
+        return env, {k: v for k, v in toml.items() if k != "url"}, unused
+    if record_from in ("flag", "env") and toml.get("url"):
+        return env, {k: v for k, v in toml.items() if k != "url"}, f"url in {path}"
+    return env, toml, None
 
 
 def validate(cfg: AgentConfig) -> None:

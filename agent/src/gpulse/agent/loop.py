@@ -11,13 +11,15 @@ rebuilt only when the set of GPUs or the training-run registrations (``runs_vers
 so a cycle is one ``collect`` call, one ``Encoder.line`` per reading and one ``submit``.
 
 Shutdown. SIGTERM/SIGINT stop sampling; what is buffered is delivered within
-``shutdown_timeout`` and the rest spooled (by :class:`~gpulse.delivery.pipeline.Delivery`), then one JSON
-line ``{"final": {...}}`` goes to stderr with exact counts (tests count points against it).
+``shutdown_timeout`` and the rest spooled (by :class:`~gpulse.delivery.pipeline.Delivery`), then one log
+line says what became of the lines; with ``--summary-file`` the exact counts also go to that file as
+JSON (scripts and tests count points against it).
 SIGUSR1 asks for an immediate flush.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -47,6 +49,8 @@ _rlog = CountedLog(log)
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_NO_DRIVER = 3
+#: another agent holds this socket or destination (gpulse.agent.instance)
+EXIT_ANOTHER_AGENT = 4
 
 #: Measurements tagged per GPU (host, gpu, uuid, model [, run]).
 GPU_MEASUREMENTS = tuple(m.name for m in MEASUREMENTS.values() if m.tags[: len(GPU_TAGS)] == GPU_TAGS)
@@ -116,6 +120,15 @@ def unavailable_reason(e: BaseException) -> str:
 def no_gpu_message(e: BaseException) -> str:
     """Why the GPU source cannot open, and the one way out without a GPU."""
     return f"{unavailable_reason(e)}. {NO_GPU_WAY_OUT[0].upper()}{NO_GPU_WAY_OUT[1:]}."
+
+
+def write_summary(path: str, summary: dict[str, Any]) -> None:
+    """The final counts as one JSON object, complete or not at all (written aside, then renamed)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 class _Rate:
@@ -210,6 +223,23 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------------------------
     def run(self) -> int:
         """Run until stopped (signal, ``--duration``); returns the process exit code."""
+        from gpulse.agent.instance import AnotherAgent, InstanceLock
+
+        cfg = self.cfg
+        try:
+            instance = InstanceLock(cfg).acquire()  # before anything is opened, written or spooled
+        except AnotherAgent as e:
+            print(f"gpulse agent: {e}.\n  fix: {e.fix}", file=self.stream)
+            return EXIT_ANOTHER_AGENT
+        except OSError as e:
+            print(f"gpulse agent: cannot start: {e}", file=self.stream)
+            return EXIT_FAILURE
+        try:
+            return self._run_alone()
+        finally:
+            instance.release()
+
+    def _run_alone(self) -> int:
         cfg = self.cfg
         try:
             self._gpus = list(self.source.open())
@@ -223,7 +253,7 @@ class Agent:
             except OSError as e:  # e.g. a spool directory of another user, a record file we cannot open
                 print(f"gpulse agent: cannot start: {e}", file=self.stream)
                 self.stop_reason = "failed to start"
-                return EXIT_FAILURE
+                return EXIT_ANOTHER_AGENT if e.errno == errno.EADDRINUSE else EXIT_FAILURE
             self._rebuild_series()
             log.info("gpulse %s agent on %s: %d GPU(s); %s", __version__, cfg.host, len(self._gpus), cfg.describe())
             self.status_line = StatusLine(self.snapshot, self.stream, tty=self._tty, log_every=cfg.status_interval)
@@ -265,6 +295,8 @@ class Agent:
                 )
                 self.receiver.start()
             except OSError as e:
+                if e.errno == errno.EADDRINUSE:  # an agent that holds no lock (an older gpulse) listens there
+                    raise
                 # GPU sampling matters more than the channel: training clients fall back to their file.
                 log.error("training channel disabled: cannot open %s: %s", cfg.socket_path, e)
                 self.receiver = None
@@ -284,7 +316,8 @@ class Agent:
             self.delivery.close(max(0.1, deadline - time.monotonic()))
         self._safe(self.source.close)
         reading = self.read_counters()
-        print(json.dumps({"final": self.summary(reading)}, separators=(",", ":")), file=self.stream, flush=True)
+        if cfg.summary_file:
+            self._safe(lambda: write_summary(cfg.summary_file or "", self.summary(reading)))
         log.info(
             "stopped (%s): %d samples, %d lines written, %d spooled, %d dropped",
             self.stop_reason or "done",
@@ -539,7 +572,7 @@ class Agent:
         }
 
     def summary(self, reading: Counts | None = None) -> dict[str, Any]:
-        """The final counts, printed as ``{"final": ...}`` at exit."""
+        """The final counts, written to ``--summary-file`` at exit."""
         r = reading or self.read_counters()
         c = r.loop
         n = c.samples

@@ -1,7 +1,7 @@
 """``gpulse agent --check``: would the agent start as configured? One verdict per item, exit 0 only if none failed.
 
 A subset of the doctor's checks (:mod:`gpulse.cli.checks`), asked about this configuration rather
-than the running node: the configuration, the GPUs, the spool and record directories, and the
+than the running node: the configuration, whether another agent holds its socket or destination, the GPUs, the spool and record directories, and the
 database (the server, the credentials, the bucket the agent writes to). Its own output format
 (``ok`` / ``FAIL`` / ``SKIP`` and one verdict line); a skipped item is never counted as failed.
 """
@@ -17,6 +17,7 @@ from gpulse.cli.checks.base import Check, Context, Result, Status, fail, render_
 
 CHECKS: tuple[Check, ...] = (
     local.CONFIG,
+    local.INSTANCE,
     gpus.GPUS,
     local.SPOOL,
     database.DATABASE,
@@ -28,7 +29,7 @@ CHECKS: tuple[Check, ...] = (
 def results(cfg: AgentConfig) -> list[Result]:
     checks = list(CHECKS)
     if cfg.record:
-        checks.insert(3, local.RECORD)
+        checks.insert(4, local.RECORD)
     return run_checks(checks, Context(cfg, live=False))
 
 

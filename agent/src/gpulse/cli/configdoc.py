@@ -12,11 +12,11 @@ Run: ``python -m gpulse.cli.configdoc > docs/configuration.md``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 from pathlib import Path
 
 from gpulse.agent import config
+from gpulse.cli import exit_codes
 from gpulse.cli import main as cli
 
 _ENV_RE = re.compile(r"\bGPULSE_[A-Z][A-Z0-9_]*\b")
@@ -46,11 +46,8 @@ def _md(text: str) -> str:
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
-    """The parser ``gpulse <name>`` uses, built the way :func:`gpulse.cli.main.main` builds it."""
-    module = importlib.import_module(f"gpulse.cli.commands.{cli.COMMANDS[name][0]}")
-    parser = argparse.ArgumentParser(prog=f"gpulse {name}", description=cli.COMMANDS[name][1])
-    module.add_arguments(parser)
-    return parser
+    """The parser ``gpulse <name>`` uses (:func:`gpulse.cli.main.command_parser`)."""
+    return cli.command_parser(name)
 
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
@@ -180,6 +177,8 @@ def render() -> str:
         if parser.description and parser.description != cli.COMMANDS[name][1]:
             out += [_md(parser.description), ""]
         out += _flag_rows(parser) + [""]
+        out += exit_codes.markdown(cli.command_module(name).EXIT_CODES)
+        out += [""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

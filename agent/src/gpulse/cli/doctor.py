@@ -3,7 +3,7 @@
 The checks (:mod:`gpulse.cli.checks`) run in an order where an earlier failure explains a later
 one: the GPUs (and whether containers see them), the database (one probe decides v1 or v2), its
 credentials, the bucket the agent writes to, the downsampling layout and its runs, the clock, the
-training socket, and each sink's spool. ``agent --check`` runs a subset of the same checks.
+agent running here (one per socket and destination), the training socket, and each sink's spool. ``agent --check`` runs a subset of the same checks.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ CHECKS: tuple[Check, ...] = (
     database.LAYOUT,
     database.DOWNSAMPLING,
     database.CLOCK,
+    local.INSTANCE,
     local.SOCKET,
     local.SPOOL,
 )

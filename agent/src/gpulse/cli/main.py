@@ -2,7 +2,8 @@
 
 Subcommand modules are imported only when chosen, so ``gpulse --help`` and every command start
 fast, and a command's heavy imports never slow the others. Each module defines
-``add_arguments(parser)`` and ``run(args) -> int``.
+``add_arguments(parser)``, ``run(args) -> int`` and ``EXIT_CODES`` (:mod:`gpulse.cli.exit_codes`:
+its ``--help`` ends with them). ``-v`` works before or after the command's name.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import sys
+from typing import Any
 
 from gpulse import __version__
+from gpulse.cli.exit_codes import CONFIG_ERROR, INTERRUPTED, PIPE_CLOSED, epilog
 
 #: name -> (module under gpulse.cli.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -44,6 +48,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_module(name: str) -> Any:
+    """The module of ``gpulse <name>`` (imported now)."""
+    return importlib.import_module(f"gpulse.cli.commands.{COMMANDS[name][0]}")
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of ``gpulse <name>``: its own flags, ``-v``, and its exit statuses in the epilog."""
+    module = command_module(name)
+    parser = argparse.ArgumentParser(
+        prog=f"gpulse {name}",
+        description=COMMANDS[name][1],
+        epilog=epilog(module.EXIT_CODES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(parser)
+    if not any("--verbose" in a.option_strings for a in parser._actions):
+        parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (also before the command)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     top = build_parser()
@@ -52,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if idx is None:
         top.parse_args(argv)
         top.print_help()
-        return 2
+        return CONFIG_ERROR
     glob = top.parse_args(argv[:idx]) if idx else argparse.Namespace(verbose=False)
     name = argv[idx]
     missing = (
@@ -65,10 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    module = importlib.import_module(f"gpulse.cli.commands.{COMMANDS[name][0]}")
-    parser = argparse.ArgumentParser(prog=f"gpulse {name}", description=COMMANDS[name][1])
-    module.add_arguments(parser)
-    args = parser.parse_args(argv[idx + 1 :])
+    module = command_module(name)
+    args = command_parser(name).parse_args(argv[idx + 1 :])
     args.verbose = getattr(args, "verbose", False) or glob.verbose
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -78,12 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     from gpulse.influx.connection import ConfigError
 
     try:
-        return int(module.run(args) or 0)
+        status = int(module.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return status
     except ConfigError as e:
         print(f"gpulse {name}: configuration error: {e}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout went away: stop quietly, as ``cat`` does (the Python docs' recipe in
+    "Note on SIGPIPE": point stdout at /dev/null so the exit's flush cannot fail again)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return PIPE_CLOSED
 
 
 if __name__ == "__main__":

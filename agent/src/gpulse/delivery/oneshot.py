@@ -60,12 +60,14 @@ def deliver_batches(
     deadline_s: float | None = None,
     retry_config_errors: bool = False,
     progress: Callable[[DeliveryResult], None] | None = None,
+    will_not_heal: Callable[[Failure], bool] = UNREACHABLE.__contains__,
 ) -> DeliveryResult:
     """Push ``lines`` to ``sink`` synchronously, in batches, with the agent's retry policy.
 
     Transient failures are retried until ``deadline_s`` (None: forever); then ``gave_up`` is set. A
     configuration error stops at once (a person must fix it; ``error`` says what) unless
-    ``retry_config_errors``; so does a server that cannot be reached before anything was delivered.
+    ``retry_config_errors``; so does, before anything was delivered, a failure ``will_not_heal`` names
+    (default: connection refused, a name that does not resolve).
     Rejected lines go to ``dead_letter_path``. ``progress`` is called with the running totals after
     every batch (a caller may end ``lines`` early once ``error`` or ``gave_up`` is set). Reads ``lines``
     lazily, one batch at a time, so a large file needs little memory."""
@@ -82,7 +84,7 @@ def deliver_batches(
         out.last_error = error.describe()
         if error.kind is ErrorKind.CONFIG and not retry_config_errors:
             out.error = f"{sink.describe()}: {error.describe()}"
-        elif error.failure in UNREACHABLE and out.written == 0:
+        elif error.failure is not None and will_not_heal(error.failure) and out.written == 0:
             out.error = f"{sink.describe()}: {error.describe()}; nothing was sent"
         if out.error is not None:
             log.error("%s", out.error)

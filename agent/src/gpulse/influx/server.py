@@ -19,12 +19,14 @@ layout (a database, retention policy, bucket or org that does not exist: ``gpuls
 from __future__ import annotations
 
 import enum
+import ipaddress
 import re
 import shlex
+import urllib.parse
 from dataclasses import dataclass
 
 from gpulse.influx.connection import Connection
-from gpulse.influx.http import HttpClient, TransportError
+from gpulse.influx.http import Failure, HttpClient, TransportError
 from gpulse.influx.tiers import RAW, TIERS
 
 
@@ -53,11 +55,35 @@ class Diagnosis:
 
 
 class ServerProblem(Exception):
-    """The server cannot serve this command as configured; ``diagnosis`` says why and what to do."""
+    """The server cannot serve this command as configured; ``diagnosis`` says why and what to do.
 
-    def __init__(self, diagnosis: Diagnosis) -> None:
+    ``heals``: asking again later may work (:func:`may_heal`); else a person has to act."""
+
+    def __init__(self, diagnosis: Diagnosis, *, heals: bool = False) -> None:
         super().__init__(str(diagnosis))
         self.diagnosis = diagnosis
+        self.heals = heals
+
+
+def _loopback(url: str) -> bool:
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def may_heal(failure: Failure, url: str) -> bool:
+    """Whether a request that got no answer may get one later, without anyone changing anything.
+
+    A timeout or a connection reset may pass (a busy or restarting server, a network blip), and so may a
+    refusal by another host (its InfluxDB restarting). A host name that does not resolve, a TLS failure,
+    and nothing listening on this very machine (a loopback URL) stay so until a person acts."""
+    if failure is Failure.REFUSED:
+        return not _loopback(url)
+    return failure in (Failure.TIMEOUT, Failure.BROKEN)
 
 
 _VERSION = re.compile(r"v?(\d+)\.(\d+)")
@@ -133,7 +159,7 @@ def probe(
         with HttpClient(url, timeout_s=timeout_s, verify_tls=verify_tls, authorization=authorization) as client:
             r = client.request("GET", "/ping")
     except TransportError as e:
-        raise ServerProblem(unreachable(e)) from None
+        raise ServerProblem(unreachable(e), heals=may_heal(e.failure, url)) from None
     version = r.header("X-Influxdb-Version")
     if not version and r.status == 401:
         raise ServerProblem(
@@ -143,6 +169,15 @@ def probe(
                 + ("refused the ones given" if authorization else "none were given"),
                 "",  # probe_connection says where credentials come from and what to put there
             )
+        )
+    if not version and (r.status >= 500 or r.status == 429):  # a proxy whose InfluxDB is down or busy
+        raise ServerProblem(
+            Diagnosis(
+                Problem.UNREACHABLE,
+                f"{url} answered /ping with HTTP {r.status} (not InfluxDB itself: a proxy in front of it?)",
+                "is InfluxDB running behind it? Start it, or point gpulse at yours with --url (or GPULSE_URL)",
+            ),
+            heals=True,
         )
     if not version:
         raise ServerProblem(

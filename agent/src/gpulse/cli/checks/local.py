@@ -98,6 +98,22 @@ def check_socket(ctx: Context) -> Result:
     return result
 
 
+# -- one agent per node and destination -------------------------------------------------------------------
+def check_instance(ctx: Context) -> Result:
+    """Whether an agent already holds this configuration's socket or destination
+    (:mod:`gpulse.agent.instance`): the running one for the doctor, a reason not to start for ``--check``."""
+    from gpulse.agent.instance import AnotherAgent, running_holder
+
+    found = running_holder(ctx.cfg)
+    if found is None:
+        return ok("agent", "no agent runs for this socket or destination")
+    what, holder = found
+    if ctx.live:
+        return ok("agent", f"an agent runs for {what}: {holder.describe()}")
+    refusal = AnotherAgent(what, holder)
+    return fail("agent", f"this agent would not start: {refusal}", refusal.fix)
+
+
 # -- the spool ------------------------------------------------------------------------------------------
 def _age(seconds: float) -> str:
     from gpulse.report.units import duration
@@ -191,6 +207,7 @@ def _destinations(ctx: Context) -> dict[str, str]:
 # -- agent --check's own items ----------------------------------------------------------------------------
 CONFIG = Check("config", lambda ctx: ok("config", ctx.cfg.describe()))
 SOCKET = Check("socket", check_socket)
+INSTANCE = Check("agent", check_instance)
 SPOOL = Check("spool", check_spool)
 RECORD = Check(
     "record",

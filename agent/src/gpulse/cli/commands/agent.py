@@ -10,6 +10,20 @@ from __future__ import annotations
 import argparse
 
 from gpulse.agent.connection_config import add_connection_flags
+from gpulse.agent.loop import EXIT_ANOTHER_AGENT, EXIT_FAILURE, EXIT_NO_DRIVER, EXIT_OK
+from gpulse.cli.exit_codes import ExitCode
+
+EXIT_CODES = (
+    ExitCode(EXIT_OK, "stopped as asked (signal or --duration); with --check: every check passed"),
+    ExitCode(
+        EXIT_FAILURE, "could not start (spool or record file), or the GPU source failed; with --check: a check failed"
+    ),
+    ExitCode(EXIT_NO_DRIVER, "no GPU driver (NVML does not load); the message says how to run simulated GPUs"),
+    ExitCode(
+        EXIT_ANOTHER_AGENT,
+        "another agent already runs on this socket or for this destination (the message names its PID)",
+    ),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help="on SIGTERM, deliver for at most S seconds, then spool (default 5)",
+    )
+    d.add_argument(
+        "--summary-file",
+        metavar="FILE",
+        help="at exit, write the final counts (samples, points per measurement, lines written/spooled/dropped) "
+        "to FILE as JSON, for scripts",
     )
     t = parser.add_argument_group("training channel")
     t.add_argument(

@@ -3,7 +3,8 @@ few hours (a healthy phase, a data-loading bottleneck, a straggling GPU, thermal
 checkpoints, an XID), downsample it once so the History dashboard has data, then print the Grafana
 links and the run's diagnosis.
 
-Without a database (``--record FILE`` and no ``--url``) the same points go to the file, and the
+With ``--record FILE`` and no ``--url`` the points go only to the file (a URL in the environment or
+the config file is not used: recording is recording), and the
 report and its HTML page are built from it: the whole demo, locally. The scenario is in
 :mod:`gpulse.sources.scenario`; the points travel through the agent's own sinks and retry policy.
 """
@@ -16,7 +17,13 @@ import sys
 import time
 
 from gpulse.agent.connection_config import add_connection_flags
+from gpulse.cli.exit_codes import ExitCode
 from gpulse.influx.connection import DEFAULT_URL, ConfigError
+
+EXIT_CODES = (
+    ExitCode(0, "the demo's points are written (or recorded) and its report built"),
+    ExitCode(1, "the database is not ready for it, or did not take every line"),
+)
 
 #: The admin token ``make up`` generates (see .env.example); the demo's default credentials.
 LOCAL_STACK_TOKEN_FILE = "secrets/influxdb-admin-token"
@@ -27,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--record",
         metavar="FILE",
-        help="also write every point to FILE (line protocol); without --url, only to FILE: a demo with no database",
+        help="also write every point to FILE (line protocol), replacing FILE once complete; without --url, "
+        "only to FILE (a URL from the environment or a config file is not used): a demo with no database",
     )
     parser.add_argument(
         "--hours", type=float, default=3.0, metavar="H", help="how far back the demo reaches (default 3)"
@@ -53,16 +61,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def connection(args: argparse.Namespace):
-    """Flags > env > config file as everywhere; with no token given, the local stack's with the token
-    ``make up`` made."""
+    """Flags > env > config file as everywhere (``--record`` takes a URL only from ``--url``: recording
+    is recording); with no token given, the local stack's with the token ``make up`` made."""
     from gpulse.agent.config import load_connection
 
-    conn = load_connection(args, url_optional=bool(args.record))
+    record = bool(args.record)
+    conn = load_connection(args, url_optional=record, record_flag=record)
     local = conn.api == "v2" and (conn.url or "").rstrip("/") == DEFAULT_URL
     if conn.token or not local or not os.path.isfile(LOCAL_STACK_TOKEN_FILE):
         return conn
     return load_connection(
-        args, {**os.environ, "GPULSE_TOKEN_FILE": LOCAL_STACK_TOKEN_FILE}, url_optional=bool(args.record)
+        args, {**os.environ, "GPULSE_TOKEN_FILE": LOCAL_STACK_TOKEN_FILE}, url_optional=record, record_flag=record
     )
 
 
@@ -108,7 +117,11 @@ def run(args: argparse.Namespace) -> int:
     lines = gpu + train.lines + host + agent
     counts = Counter(line.split(",", 1)[0] for line in lines)
 
+    from gpulse.agent.config import url_unused_by_record
+
     where = conn.describe() if conn.url else args.record
+    if args.record and (unused := url_unused_by_record(args)):
+        where += f" only ({unused} is not used with --record; add --url to send there too)"
     print(
         f"gpulse demo: a simulated {args.gpus}-GPU node ({scenario.DEMO_HOST}) and training run {run_id}, last {args.hours:g} h -> {where}"
     )
@@ -119,18 +132,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {_hhmm(ts)}        checkpoint")
     print(f"  {_hhmm(tl.xid_ns)}        XID {scenario.XID[0]} on GPU {tl.xid_gpu}")
 
-    for sink in build_sinks(conn if conn.url else None, args.record):
-        try:
-            result = deliver_batches(sink, lines, deadline_s=180)
-        finally:
-            sink.close()
-        if result.failed or result.rejected:
-            print(
-                f"gpulse demo: {sink.describe()} took {result.written} of {len(lines)} lines "
-                f"({result.rejected} rejected, {result.failed} not delivered); see the log above",
-                file=sys.stderr,
-            )
-            return 1
+    # The recording is written aside and replaces FILE only once complete: an earlier demo's file
+    # stays whole until then (and a second demo does not add a second run to it).
+    partial = f"{args.record}.partial-{os.getpid()}" if args.record else None
+    try:
+        for sink in build_sinks(conn if conn.url else None, partial):
+            try:
+                result = deliver_batches(sink, lines, deadline_s=180)
+            finally:
+                sink.close()
+            if result.failed or result.rejected:
+                print(
+                    f"gpulse demo: {sink.describe()} took {result.written} of {len(lines)} lines "
+                    f"({result.rejected} rejected, {result.failed} not delivered); see the log above",
+                    file=sys.stderr,
+                )
+                return 1
+        if partial:
+            os.replace(partial, args.record)
+    finally:
+        if partial and os.path.exists(partial):
+            os.unlink(partial)
     summary = ", ".join(f"{m} {n}" for m, n in sorted(counts.items()))
     print(f"wrote {len(lines)} points in {time.monotonic() - t_start:.1f} s: {summary}")
 
@@ -155,8 +177,8 @@ def _not_ready(conn) -> str:
         if r.status is Status.FAIL:
             fix = r.fix
             if ctx.database_problem is Problem.UNREACHABLE:  # the demo runs without a database too
-                unset = "GPULSE_URL= " if os.environ.get("GPULSE_URL") else ""  # else the URL still counts
-                without = f"without a database, `{unset}gpulse demo --record demo.lp` runs the whole demo from a file"
+                # --record takes no URL from the environment or a config file: this works as printed
+                without = "without a database, `gpulse demo --record demo.lp` runs the whole demo from a file"
                 fix = advice.no_database(conn, without)
             return f"{r.detail}\n  fix: {fix}"
     return ""

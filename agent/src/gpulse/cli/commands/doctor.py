@@ -12,6 +12,12 @@ import argparse
 import sys
 
 from gpulse.agent.connection_config import add_connection_flags
+from gpulse.cli.exit_codes import ExitCode
+
+EXIT_CODES = (
+    ExitCode(0, "no check failed"),
+    ExitCode(1, "a check failed (its line says the fix)"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,13 @@ import time
 from datetime import datetime, timezone
 
 from gpulse.agent.connection_config import add_connection_flags
+from gpulse.cli.exit_codes import ExitCode
 from gpulse.influx.connection import ConfigError
+
+EXIT_CODES = (
+    ExitCode(0, "the tiers of the range are rebuilt"),
+    ExitCode(1, "the database refused or failed (the message says what)"),
+)
 
 HOUR_NS = 3600 * 10**9
 _AGO = re.compile(r"^\d+(?:\.\d+)?(ns|us|µs|u|µ|ms|s|m|h|d|w)$")

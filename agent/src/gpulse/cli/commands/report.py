@@ -14,7 +14,13 @@ import sys
 from typing import Any
 
 from gpulse.agent.connection_config import add_connection_flags
+from gpulse.cli.exit_codes import ExitCode
 from gpulse.influx.connection import ConfigError
+
+EXIT_CODES = (
+    ExitCode(0, "the report is written"),
+    ExitCode(1, "the database could not be read, or it holds no points for the run"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

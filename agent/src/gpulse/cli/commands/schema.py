@@ -5,6 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpulse.cli.exit_codes import ExitCode
+
+EXIT_CODES = (
+    ExitCode(0, "printed (with --check: the file is up to date)"),
+    ExitCode(1, "with --check: the file is out of date"),
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated text")

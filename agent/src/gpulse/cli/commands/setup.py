@@ -11,6 +11,12 @@ import sys
 import time
 
 from gpulse.agent.connection_config import add_connection_flags
+from gpulse.cli.exit_codes import ExitCode
+
+EXIT_CODES = (
+    ExitCode(0, "everything is set up (nothing changed where it already was)"),
+    ExitCode(1, "the database refused a step (the message says which, and the fix)"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

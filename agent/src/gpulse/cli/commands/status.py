@@ -2,7 +2,8 @@
 
 Sends a ``status`` request from a Linux abstract address (so the agent can answer without a file
 being created) and prints the ``status_reply``: GPUs, registered runs, lines/s, spool, last
-successful write. ``--json`` prints the raw snapshot for scripts. It asks only an agent socket the
+successful write. ``--json`` prints the raw snapshot for scripts, and when no agent answers, ``{"error": ..., "fix": ...,
+"socket": ...}`` (exit status 1), so stdout is JSON either way. It asks only an agent socket the
 user can trust (the user's, root's, or one of ``--socket-group``: :mod:`gpulse.channel.trust`) and
 believes only a reply from that socket's owner (:mod:`gpulse.channel.endpoint`).
 """
@@ -15,6 +16,13 @@ import os
 import sys
 import time
 from typing import Any
+
+from gpulse.cli.exit_codes import ExitCode
+
+EXIT_CODES = (
+    ExitCode(0, "the agent answered"),
+    ExitCode(1, "no agent answered (with --json, the reason is a JSON object on stdout too)"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         status = query_status(path, args.timeout, args.socket_group or os.environ.get(SOCKET_GROUP_ENV) or None)
     except AgentUnreachable as e:
         print(f"gpulse status: {e}" + (f"\n  fix: {e.fix}" if e.fix else ""), file=sys.stderr)
+        if args.json:  # a script reading stdout gets JSON either way
+            print(json.dumps({"error": str(e), "fix": e.fix or None, "socket": path}, indent=2, sort_keys=True))
         return 1
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else render(status))
     return 0

@@ -6,10 +6,13 @@ a bad line is named by file and line number and skipped, never sent. The good li
 retry policy (:func:`gpulse.delivery.oneshot.deliver_batches`). Points carry their timestamps, so uploading a
 file twice (or a file whose points the agent already wrote) overwrites instead of duplicating.
 
-A person is waiting, so the server is asked first what it is (``/ping``): nothing listening, not
-InfluxDB, or the other generation than ``--api`` stops before anything is read. Then it says what it
-sends where, and what it retries until when (``--deadline``); what will not get better (credentials,
-a missing database or retention policy) stops at the first answer, with the fix. Large files show
+A person is waiting, so the server is asked first what it is (``/ping``): not InfluxDB, or the other
+generation than ``--api``, stops before anything is read. The rule for the rest
+(:func:`gpulse.influx.server.may_heal`, said in ``--help`` and in the banner): what will not get
+better by waiting (a name that does not resolve, nothing listening on this machine, TLS,
+credentials, a missing database or retention policy) stops at once, with the fix; what may pass (a
+timeout, a reset, a refusal by another host, 429, 5xx) is retried, the probe included, until the
+``--deadline`` counted from the start. Large files show
 their progress: a bar on a terminal, a line every 10 s elsewhere.
 
 Exit status: 0 everything sent; 1 some lines were not delivered (or the server could not be reached)
@@ -20,15 +23,36 @@ or the server rejected them; 2 configuration error (including ``--api`` not matc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from gpulse.agent.connection_config import add_connection_flags
+from gpulse.cli.exit_codes import ExitCode
 from gpulse.influx.connection import ConfigError, Connection
 
+if TYPE_CHECKING:
+    from gpulse.influx.server import ServerInfo
+
+EXIT_CODES = (
+    ExitCode(0, "every line was sent"),
+    ExitCode(1, "some lines were not delivered (unreachable server, deadline, or rejected by the server)"),
+    ExitCode(3, "every valid line was sent, but some lines were invalid and skipped (named on stderr)"),
+)
+
 MAX_REPORTED = 20
+#: The rule, said in --help and in the banner (:func:`gpulse.influx.server.may_heal` decides it).
+MAY_HEAL = "timeouts, connection resets, a refusal by another host (its InfluxDB restarting), 429 and 5xx answers"
+WILL_NOT_HEAL = (
+    "what will not get better by waiting (a host name that does not resolve, nothing listening on this "
+    "machine, a TLS failure, credentials, a missing database or retention policy)"
+)
+#: the first wait between two probes of a server that may come back (doubled up to PROBE_MAX_WAIT_S)
+PROBE_FIRST_WAIT_S = 0.5
+PROBE_MAX_WAIT_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=300.0,
         metavar="S",
-        help="retry connection failures, timeouts, 429 and 5xx answers for at most S seconds (default 300); "
-        "what will not get better (credentials, a missing database or retention policy) fails at once",
+        help=f"retry {MAY_HEAL} for at most S seconds in all (default 300); {WILL_NOT_HEAL} fails at once",
     )
     parser.add_argument("--dead-letter", metavar="FILE", help="append lines the server rejects here, with the reason")
     add_connection_flags(parser)
@@ -107,29 +130,31 @@ def run(args: argparse.Namespace) -> int:
     from gpulse.agent.config import load_connection
     from gpulse.delivery.oneshot import DeliveryResult, deliver_batches
     from gpulse.influx.downsample import lookback_advice
-    from gpulse.influx.server import Problem, ServerProblem, probe_connection
+    from gpulse.influx.server import Problem, ServerProblem, may_heal
     from gpulse.sinks.factory import build_sinks
     from gpulse.sinks.influx import InfluxSink
     from gpulse.util.progress import Progress
 
     conn = load_connection(args)
     total = count_lines(args.files)
+    ends = time.monotonic() + args.deadline
+    deadline = time.strftime("%H:%M:%S", time.localtime(time.time() + args.deadline))
     try:
-        info = probe_connection(conn)
+        info = _probe_until(conn, ends, f"{deadline} (--deadline {args.deadline:g} s)")
     except ServerProblem as e:
         if e.diagnosis.problem is Problem.WRONG_API:
             raise ConfigError(str(e)) from None
-        print(f"gpulse upload: {e}. Nothing was sent.", file=sys.stderr)
+        why = "" if not e.heals else f"; gave up at the deadline (--deadline {args.deadline:g} s)"
+        print(f"gpulse upload: {e}{why}. Nothing was sent.", file=sys.stderr)
         _summary(args, conn, written=0, skipped=0, rejected=0, failed=total)
         return 1
     (sink,) = build_sinks(conn, None)  # the database sink (no record file here)
     assert isinstance(sink, InfluxSink)
     sink.explainer.info = info  # asked once, above
-    deadline = time.strftime("%H:%M:%S", time.localtime(time.time() + args.deadline))
     print(
         f"gpulse upload: {total:,} lines from {len(args.files)} file(s) to {info.describe()}, "
-        f"{sink.describe()}; connection failures, timeouts, 429 and 5xx answers are retried until "
-        f"{deadline} (--deadline {args.deadline:g} s)",
+        f"{sink.describe()}; {MAY_HEAL} are retried until {deadline} (--deadline {args.deadline:g} s); "
+        f"{WILL_NOT_HEAL} stops at once",
         file=sys.stderr,
     )
     bar = Progress(total, "lines", label="gpulse upload")
@@ -141,7 +166,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         res = deliver_batches(
-            sink, checked, dead_letter_path=args.dead_letter, deadline_s=args.deadline, progress=progress
+            sink,
+            checked,
+            dead_letter_path=args.dead_letter,
+            deadline_s=max(ends - time.monotonic(), 0.1),
+            progress=progress,
+            will_not_heal=lambda failure: not may_heal(failure, conn.url or ""),
         )
     finally:
         bar.finish()
@@ -162,6 +192,24 @@ def run(args: argparse.Namespace) -> int:
     if res.rejected or failed:
         return 1
     return 3 if checked.bad else 0
+
+
+def _probe_until(conn: Connection, ends: float, until: str) -> ServerInfo:
+    """The server's answer to the probe, asked again while what is wrong may pass (``ServerProblem.heals``)
+    and the deadline (``ends``, monotonic) leaves time; each try bounded by the time left."""
+    from gpulse.influx.server import ServerProblem, probe_connection
+
+    wait = PROBE_FIRST_WAIT_S
+    while True:
+        left = ends - time.monotonic()
+        try:
+            return probe_connection(dataclasses.replace(conn, timeout_s=max(0.1, round(min(conn.timeout_s, left), 1))))
+        except ServerProblem as e:
+            if not e.heals or time.monotonic() + wait >= ends:
+                raise
+            print(f"gpulse upload: {e.diagnosis.detail}; asking again in {wait:g} s, until {until}", file=sys.stderr)
+        time.sleep(wait)
+        wait = min(wait * 2, PROBE_MAX_WAIT_S)
 
 
 def _summary(
