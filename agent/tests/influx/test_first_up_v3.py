@@ -48,10 +48,10 @@ def test_setup_twice_then_the_agent_then_the_doctor(influx3, tmp_path, clean_env
     n = len(fake.requests)
     agent = gpulse(
         fake, tmp_path, clean_env, "agent", "--simulate", "2", "--no-socket", "--duration", "3",
-        "--spool-dir", str(tmp_path / "spool"),
+        "--spool-dir", str(tmp_path / "spool"), "--summary-file", str(tmp_path / "summary.json"),
     )  # fmt: skip
     assert agent.returncode == 0, agent.stderr
-    final = json.loads(next(line for line in agent.stderr.splitlines() if line.startswith('{"final"')))["final"]
+    final = json.loads((tmp_path / "summary.json").read_text())
     assert final["lines_written"] == final["lines_submitted"] > 0 and final["lines_rejected"] == 0
     writes = [r for r in fake.requests[n:] if r[0] in MUTATING]
     assert writes and set(writes) == {("POST", "/api/v3/write_lp")}

@@ -32,13 +32,15 @@ def setup_v1(url: str, bucket: str = "gpulse", raw_retention: str = "30d") -> st
 
 
 def run_points(run: str, host: str, start_ns: int, steps: int) -> str:
-    """Two ranks of ``run``, one step a second after ``start_ns``, their GPUs tagged with the run, and the run's start."""
+    """Two ranks of ``run``, one step a second after ``start_ns``, their GPUs tagged with the run, their
+    training processes as the agent samples them, and the run's start."""
     enc = Encoder()
     lines = []
     for rank in (0, 1):
         tags = {"run": run, "host": host, "rank": str(rank)}
         step = enc.series("train_step", tags)
         gpu = enc.series("gpu", {"host": host, "gpu": str(rank), "uuid": f"GPU-{rank}", "run": run})
+        proc = enc.series("host_process", {**tags, "process": "main"})
         lines.append(enc.line(enc.series("train_run", tags), {"event": "start", "status": "running"}, start_ns))
         for i in range(steps):
             t = start_ns + (i + 1) * NS
@@ -50,6 +52,19 @@ def run_points(run: str, host: str, start_ns: int, steps: int) -> str:
             }  # fmt: skip
             lines.append(enc.line(step, fields, t))
             lines.append(enc.line(gpu, {"sm_active_pct": 80.0, "util_gpu_pct": 95.0}, t))
+            lines.append(
+                enc.line(
+                    proc,
+                    {
+                        "cpu_pct": 97.0,
+                        "running": 1.0,
+                        "disk_sleep": 0.0,
+                        "mem_rss_bytes": 3 << 30,
+                        "mem_pss_bytes": 2 << 30,
+                    },
+                    t,
+                )
+            )
     return "".join(line for line in lines if line)
 
 

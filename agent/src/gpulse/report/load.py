@@ -211,8 +211,9 @@ def _first_last(q: InfluxQL, source: str, field: str, where: str, now_ns: int) -
 def run_span(q: InfluxQL, run: str, now_ns: int | None = None) -> RunSpan | None:
     """The run's time range and the tier that covers it.
 
-    Raw covers the run while it holds the run's ``train_run`` records (its steps are kept as long);
-    without them the 1m tier holds the whole run (older than raw retention), read at 1-minute resolution.
+    Raw covers the run while it holds the run's ``train_run`` records (its steps are kept as long), or
+    its steps where the records never came; without either the 1m tier holds the whole run (older than
+    raw retention), read at 1-minute resolution.
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     where = f'"run" = {quote_string(run)}'
@@ -221,9 +222,10 @@ def run_span(q: InfluxQL, run: str, now_ns: int | None = None) -> RunSpan | None
         first, last = records
         end = int(last["time"]) if last.get("last") == "end" else _last_step_day(q, where, int(first["time"]), now_ns)
         return RunSpan(RAW, int(first["time"]), end)
-    steps = _first_last(q, _source(q, "train_step", "1m"), "step", where, now_ns)
-    if steps is not None:
-        return RunSpan("1m", int(steps[0]["time"]), int(steps[1]["time"]))
+    for tier in (RAW, "1m"):  # no records (steps uploaded without them, or a run older than raw retention)
+        steps = _first_last(q, _source(q, "train_step", tier), "step", where, now_ns)
+        if steps is not None:
+            return RunSpan(tier, int(steps[0]["time"]), int(steps[1]["time"]))
     return None
 
 
@@ -273,7 +275,10 @@ def load_influx(q: InfluxQL, run: str, now_ns: int | None = None) -> RunData:
         data.runs = _read(q, "train_run", where, span)
         data.events = _read(q, "train_event", where, span)
     data.gpu = _read(q, "gpu", where, span)
-    data.host_process = _read(q, "host_process", where, span)
+    # the agent samples a run's processes from its start record on, before its first step: a margin
+    # as for its GPU processes keeps those samples, as a recording does
+    margin = RunSpan(span.tier, span.start_ns - PROCESS_MARGIN_NS, span.end_ns + PROCESS_MARGIN_NS)
+    data.host_process = _read(q, "host_process", where, margin)
     scope = host_filter(data.host_process, data.steps, data.runs)
     if scope is not None:
         on_hosts, (t0, t1) = scope
