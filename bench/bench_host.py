@@ -43,6 +43,8 @@ def _agent(tmp: Path, host: bool, seconds: float) -> dict[str, float]:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "agent" / "src"), env.get("PYTHONPATH", "")])
     args = ["--simulate", "8", "--interval", "0.1", "--record", str(tmp / "rec.lp"), "--socket", str(sock)]
     args += ["--spool-dir", str(tmp / "spool"), *([] if host else ["--no-host-metrics"])]
+    summary = tmp / f"summary-{host}.json"
+    args += ["--summary-file", str(summary)]
     agent = subprocess.Popen(
         [sys.executable, "-m", "gpulse", "agent", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -66,9 +68,8 @@ def _agent(tmp: Path, host: bool, seconds: float) -> dict[str, float]:
         if trainer is not None:
             os.killpg(trainer.pid, signal.SIGKILL)
             trainer.wait()
-    final = next(
-        json.loads(line)["final"] for line in reversed(err.decode().splitlines()) if line.startswith('{"final"')
-    )
+    assert agent.returncode == 0, err.decode()[-2000:]
+    final = json.loads(summary.read_text())
     points = final["points"]
     if host:
         assert points.get("host_process", 0) > 0, points  # the trainer and its workers were sampled

@@ -14,7 +14,7 @@ from support.waiting import eventually
 from training_support import Delivery
 
 from gpulse.channel import protocol
-from gpulse.sources.training import TrainingReceiver
+from gpulse.channel.server import TrainingReceiver
 
 TAGS = {"run": "r1", "rank": "2", "local_rank": "0", "world_size": "4"}
 

@@ -26,7 +26,7 @@ from gpulse.cli.main import AGENT_EXTRA_MODULES
 AGENT = Path(__file__).resolve().parents[2]
 README = AGENT.parent / "README.md"
 #: What the agent needs and a training process must not be made to install.
-AGENT_ONLY = ("pynvml", "tenacity", "docker", "requests", "urllib3")
+AGENT_ONLY = ("pynvml", "tenacity", "docker", "psutil", "requests", "urllib3")
 
 TRAINING_LOOP = """
 import os, sys, tempfile
@@ -87,8 +87,8 @@ def test_the_package_requires_nothing_and_its_agent_extra_carries_the_agent_s_de
     reqs = requirements(wheel)
     assert [r for r in reqs if "extra ==" not in r] == []  # what `pip install gpulse` brings: nothing
     agent = {re.split(r"[<>=;\s\[]", r, maxsplit=1)[0] for r in reqs if re.search(r"extra\s*==\s*['\"]agent['\"]", r)}
-    assert agent == {"nvidia-ml-py", "tenacity", "docker", "tomli"}
-    assert set(AGENT_EXTRA_MODULES) == {"pynvml", "tenacity", "docker"}  # the CLI's check names the same
+    assert agent == {"nvidia-ml-py", "tenacity", "docker", "psutil", "tomli"}
+    assert set(AGENT_EXTRA_MODULES) == {"pynvml", "tenacity", "docker", "psutil"}  # the CLI's check names the same
     assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith((".so", ".c", ".h", ".pyd"))]  # pure Python
 
 

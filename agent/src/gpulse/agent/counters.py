@@ -2,7 +2,7 @@
 
 Three views read the same :class:`Counts`: the ``agent`` point written every self-metrics interval
 (its fields are exactly ``gpulse.schema.AGENT``'s, in that order), the ``gpulse status`` snapshot,
-and the ``{"final": ...}`` summary printed at exit. A counter added here and to the schema shows up
+and the final summary (``--summary-file``) written at exit. A counter added here and to the schema shows up
 in all three; one in the schema without a source here fails at the first reading (and in the tests).
 """
 
