@@ -280,6 +280,40 @@ def test_the_run_appears_on_its_gpus_and_both_ranks_report(filled: dict[str, Any
     assert {r["rank"] for r in ranks} == {"0", "1"} and all(r["count"] > 10 for r in ranks)
 
 
+def _by_slug(slug: str) -> dict[str, Any]:
+    return next(d for d in dashboards() if d.slug == slug).to_json()
+
+
+def test_a_job_narrows_the_node_to_its_gpus_and_the_run_to_its_ranks(filled: dict[str, Any]) -> None:
+    """The simulated Slurm job holds GPU 0; rank 0 registered GPU 0, so the agent tagged its points with it."""
+    from gpulse.sources.simulated import SimulatedSource
+
+    influx = filled["influx"]
+    job = SimulatedSource(2, seed=7).job_tags(0)["job"]  # type: ignore[index]
+    node = _by_slug("node")
+    every = resolve_variables(influx, node, RECENT, {"host": HOST})
+    assert every["job"].values == (job,) and every["gpu"].values == ("0", "1")  # All keeps the GPU no job held
+    assert resolve_variables(influx, node, RECENT, {"host": HOST, "job": job})["gpu"].values == ("0",)
+    run = _by_slug("training-run")
+    assert resolve_variables(influx, run, RECENT, {"run": RUN_ID})["rank"].values == ("0", "1")
+    narrowed = resolve_variables(influx, run, RECENT, {"run": RUN_ID, "job": job})
+    assert narrowed["job"].values == (job,) and narrowed["rank"].values == ("0",)
+
+
+def test_history_counts_gpu_hours_per_job_user_and_account(filled: dict[str, Any]) -> None:
+    influx = filled["influx"]
+    history = _by_slug("history")
+    variables = resolve_variables(influx, history, history["time"]["from"], {"host": HOST})
+    [(_p, _t, q)] = [
+        (p, t, q)
+        for p, t, q in panel_queries(history, variables, history["time"]["from"])
+        if p["title"] == "GPU-hours per job, user and account"
+    ]
+    rows = influx.rows(q, db="gpulse")
+    assert [(r["job"], r["job_user"], r["account"]) for r in rows] == [("174487", "trainer", "ml-research")]
+    assert rows[0]["GPU-hours"] >= 1 and 0 <= rows[0]["busy GPU-hours"] <= rows[0]["GPU-hours"]
+
+
 def _copy_into(influx: Any, db: str) -> None:
     """Every raw point of the filled database into ``db`` (made by ``gpulse setup``), then downsampled."""
     from gpulse.influx.setup.v1 import downsample_now

@@ -97,6 +97,24 @@ def build() -> Dashboard:
         ),
     )
     d.row(
+        "GPU-hours per job",
+        table(
+            "GPU-hours per job, user and account",
+            "GPU-hours each job held over the range (a GPU-hour is an hourly point of a GPU the job held, as the "
+            "job tags of its gpu points say), and the busy share of them (sum of hourly mean busy % / 100). "
+            "Job is the Slurm job id or the pod UID; user and account are Slurm's. GPUs no job held are left out.",
+            Query(
+                'SELECT count("util_gpu_pct") AS "GPU-hours", sum("util_gpu_pct") / 100 AS "busy GPU-hours" '
+                f'FROM {HOURLY}."gpu" WHERE "job" =~ /.+/ AND {WHERE} GROUP BY "job", "job_user", "account"',
+                table=True,
+                tier="1h",
+            ),
+            columns=(Column("GPU-hours", GPU_HOURS), Column("busy GPU-hours", GPU_HOURS)),
+            transformations=[organize(exclude=("Time",), order=("job", "job_user", "account"))],
+            width=24,
+        ),
+    )
+    d.row(
         "Energy and health",
         timeseries(
             "Energy per day",
