@@ -284,12 +284,19 @@ def _by_slug(slug: str) -> dict[str, Any]:
     return next(d for d in dashboards() if d.slug == slug).to_json()
 
 
-def test_a_job_narrows_the_node_to_its_gpus_and_the_run_to_its_ranks(filled: dict[str, Any]) -> None:
-    """The simulated Slurm job holds GPU 0; rank 0 registered GPU 0, so the agent tagged its points with it."""
+def _simulated_job() -> dict[str, str]:
+    """The tags of the simulated Slurm job, which holds GPU 0 of the fixture's two (seed 7)."""
     from gpulse.sources.simulated import SimulatedSource
 
+    tags = SimulatedSource(2, seed=7).job_tags(0)
+    assert tags is not None
+    return tags
+
+
+def test_a_job_narrows_the_node_to_its_gpus_and_the_run_to_its_ranks(filled: dict[str, Any]) -> None:
+    """The simulated Slurm job holds GPU 0; rank 0 registered GPU 0, so the agent tagged its points with it."""
     influx = filled["influx"]
-    job = SimulatedSource(2, seed=7).job_tags(0)["job"]  # type: ignore[index]
+    job = _simulated_job()["job"]
     node = _by_slug("node")
     every = resolve_variables(influx, node, RECENT, {"host": HOST})
     assert every["job"].values == (job,) and every["gpu"].values == ("0", "1")  # All keeps the GPU no job held
@@ -300,17 +307,25 @@ def test_a_job_narrows_the_node_to_its_gpus_and_the_run_to_its_ranks(filled: dic
     assert narrowed["job"].values == (job,) and narrowed["rank"].values == ("0",)
 
 
+def _panel_rows(influx: Any, dash: dict[str, Any], time_from: str, picks: dict[str, str], title: str) -> Any:
+    """The rows of the one query of panel ``title``, as Grafana would ask for them."""
+    variables = resolve_variables(influx, dash, time_from, picks)
+    [q] = [q for p, _t, q in panel_queries(dash, variables, time_from) if p["title"] == title]
+    return influx.rows(q, db="gpulse")
+
+
+def test_the_node_process_table_names_each_process_job(filled: dict[str, Any]) -> None:
+    rows = _panel_rows(filled["influx"], _by_slug("node"), RECENT, {"host": HOST}, "Processes")
+    jobs = {r["gpu"]: r.get("job") or None for r in rows}
+    assert jobs == {"0": _simulated_job()["job"], "1": None}
+
+
 def test_history_counts_gpu_hours_per_job_user_and_account(filled: dict[str, Any]) -> None:
-    influx = filled["influx"]
     history = _by_slug("history")
-    variables = resolve_variables(influx, history, history["time"]["from"], {"host": HOST})
-    [(_p, _t, q)] = [
-        (p, t, q)
-        for p, t, q in panel_queries(history, variables, history["time"]["from"])
-        if p["title"] == "GPU-hours per job, user and account"
-    ]
-    rows = influx.rows(q, db="gpulse")
-    assert [(r["job"], r["job_user"], r["account"]) for r in rows] == [("174487", "trainer", "ml-research")]
+    title = "GPU-hours per job, user and account"
+    rows = _panel_rows(filled["influx"], history, history["time"]["from"], {"host": HOST}, title)
+    job = _simulated_job()
+    assert [(r["job"], r["job_user"], r["account"]) for r in rows] == [(job["job"], job["job_user"], job["account"])]
     assert rows[0]["GPU-hours"] >= 1 and 0 <= rows[0]["busy GPU-hours"] <= rows[0]["GPU-hours"]
 
 

@@ -558,10 +558,11 @@ def build() -> Dashboard:
         table(
             "Processes",
             "One row per process that held a GPU in the time range (like nvitop): its GPU memory now and at "
-            "its peak, mean SM and memory-controller use, when it was last seen, and who and what it is.",
+            "its peak, mean SM and memory-controller use, when it was last seen, and who and what it is: its "
+            "job (Slurm job id or pod UID) and pod, where it runs in one.",
             Query(
                 'SELECT "pid", "user", "container", "command", "mem_used_bytes", "sm_util_pct", "mem_util_pct" '
-                f'FROM "gpu_process" WHERE {WHERE} GROUP BY "host", "gpu"',
+                f'FROM "gpu_process" WHERE {WHERE} GROUP BY "host", "gpu", "job", "pod"',
                 table=True,
             ),
             columns=(
@@ -581,6 +582,8 @@ def build() -> Dashboard:
                             "gpu": {"aggregations": [], "operation": "groupby"},
                             "pid": {"aggregations": [], "operation": "groupby"},
                             "user": {"aggregations": [], "operation": "groupby"},
+                            "job": {"aggregations": [], "operation": "groupby"},
+                            "pod": {"aggregations": [], "operation": "groupby"},
                             "container": {"aggregations": [], "operation": "groupby"},
                             "command": {"aggregations": [], "operation": "groupby"},
                             "mem_used_bytes": {"aggregations": ["lastNotNull", "max"], "operation": "aggregate"},
@@ -596,6 +599,8 @@ def build() -> Dashboard:
                         "gpu",
                         "pid",
                         "user",
+                        "job",
+                        "pod",
                         "container",
                         "mem_used_bytes (lastNotNull)",
                         "mem_used_bytes (max)",
