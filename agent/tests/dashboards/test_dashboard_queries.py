@@ -35,7 +35,7 @@ from support.grafana_queries import data_rows, panel_queries, panel_rows, resolv
 from support.old_run import setup_v1 as _setup
 
 from gpulse import schema
-from gpulse.dashboards import alerts, dashboards
+from gpulse.dashboards import alerts, dashboards, history
 from gpulse.dashboards.builder import DATASOURCE_UID
 from gpulse.influx import downsample
 from gpulse.influx.connection import Connection
@@ -320,12 +320,14 @@ def test_the_node_process_table_names_each_process_job(filled: dict[str, Any]) -
     assert jobs == {"0": _simulated_job()["job"], "1": None}
 
 
-def test_history_counts_gpu_hours_per_job_user_and_account(filled: dict[str, Any]) -> None:
-    history = _by_slug("history")
-    title = "GPU-hours per job, user and account"
-    rows = _panel_rows(filled["influx"], history, history["time"]["from"], {"host": HOST}, title)
+@pytest.mark.parametrize("tag", list(history.GPU_HOURS_BY))
+def test_history_counts_gpu_hours_per_job_user_and_account(filled: dict[str, Any], tag: str) -> None:
+    dash = _by_slug("history")
+    title = history.GPU_HOURS_TITLES[tag]
+    rows = _panel_rows(filled["influx"], dash, dash["time"]["from"], {"host": HOST}, title)
     job = _simulated_job()
-    assert [(r["job"], r["job_user"], r["account"]) for r in rows] == [(job["job"], job["job_user"], job["account"])]
+    tags = history.GPU_HOURS_BY[tag]
+    assert [tuple(r[t] for t in tags) for r in rows] == [tuple(job[t] for t in tags)]  # GPU 1, held by none, left out
     assert rows[0]["GPU-hours"] >= 1 and 0 <= rows[0]["busy GPU-hours"] <= rows[0]["GPU-hours"]
 
 
