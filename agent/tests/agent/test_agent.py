@@ -30,7 +30,7 @@ from gpulse.channel import protocol
 from gpulse.cli.commands import agent as agent_cmd
 from gpulse.cli.commands.status import query_status
 from gpulse.lineprotocol.parse import ParsedLine, parse_line
-from gpulse.schema import AGENT, NVML_ERROR_KINDS
+from gpulse.schema import AGENT, JOB_TAGS, NVML_ERROR_KINDS
 from gpulse.sources.simulated import SimulatedSource
 
 NS = 1_000_000_000
@@ -82,12 +82,13 @@ def test_all_gpus_of_a_cycle_share_one_timestamp_on_the_interval_grid(tmp_path: 
     cycles: dict[int, list[str]] = defaultdict(list)
     for p in m["gpu"]:
         cycles[p.ts].append(p.tags["gpu"])
-        assert p.tags == {
+        assert {k: v for k, v in p.tags.items() if k not in JOB_TAGS} == {
             "host": "node-t",
             "gpu": p.tags["gpu"],
             "uuid": p.tags["uuid"],
             "model": "NVIDIA H100 80GB HBM3",
         }
+        assert ("job" in p.tags) == (p.tags["gpu"] in ("0", "1"))  # the simulated Slurm job holds the first half
     assert len(cycles) == summary["samples"] >= 10
     assert all(sorted(g) == ["0", "1", "2", "3"] for g in cycles.values())
     assert all(ts % (NS // 10) == 0 for ts in cycles)  # on the 100 ms grid of the wall clock

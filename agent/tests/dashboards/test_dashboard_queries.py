@@ -35,7 +35,7 @@ from support.grafana_queries import data_rows, panel_queries, panel_rows, resolv
 from support.old_run import setup_v1 as _setup
 
 from gpulse import schema
-from gpulse.dashboards import alerts, dashboards
+from gpulse.dashboards import alerts, dashboards, history
 from gpulse.dashboards.builder import DATASOURCE_UID
 from gpulse.influx import downsample
 from gpulse.influx.connection import Connection
@@ -278,6 +278,57 @@ def test_the_run_appears_on_its_gpus_and_both_ranks_report(filled: dict[str, Any
     assert {r["gpu"] for r in tagged} == {"0", "1"}
     ranks = influx.rows(f'SELECT count("step_time_s") FROM "train_step" WHERE "run" = \'{RUN_ID}\' GROUP BY "rank"')
     assert {r["rank"] for r in ranks} == {"0", "1"} and all(r["count"] > 10 for r in ranks)
+
+
+def _by_slug(slug: str) -> dict[str, Any]:
+    return next(d for d in dashboards() if d.slug == slug).to_json()
+
+
+def _simulated_job() -> dict[str, str]:
+    """The tags of the simulated Slurm job, which holds GPU 0 of the fixture's two (seed 7)."""
+    from gpulse.sources.simulated import SimulatedSource
+
+    tags = SimulatedSource(2, seed=7).job_tags(0)
+    assert tags is not None
+    return tags
+
+
+def test_a_job_narrows_the_node_to_its_gpus_and_the_run_to_its_ranks(filled: dict[str, Any]) -> None:
+    """The simulated Slurm job holds GPU 0; rank 0 registered GPU 0, so the agent tagged its points with it."""
+    influx = filled["influx"]
+    job = _simulated_job()["job"]
+    node = _by_slug("node")
+    every = resolve_variables(influx, node, RECENT, {"host": HOST})
+    assert every["job"].values == (job,) and every["gpu"].values == ("0", "1")  # All keeps the GPU no job held
+    assert resolve_variables(influx, node, RECENT, {"host": HOST, "job": job})["gpu"].values == ("0",)
+    run = _by_slug("training-run")
+    assert resolve_variables(influx, run, RECENT, {"run": RUN_ID})["rank"].values == ("0", "1")
+    narrowed = resolve_variables(influx, run, RECENT, {"run": RUN_ID, "job": job})
+    assert narrowed["job"].values == (job,) and narrowed["rank"].values == ("0",)
+
+
+def _panel_rows(influx: Any, dash: dict[str, Any], time_from: str, picks: dict[str, str], title: str) -> Any:
+    """The rows of the one query of panel ``title``, as Grafana would ask for them."""
+    variables = resolve_variables(influx, dash, time_from, picks)
+    [q] = [q for p, _t, q in panel_queries(dash, variables, time_from) if p["title"] == title]
+    return influx.rows(q, db="gpulse")
+
+
+def test_the_node_process_table_names_each_process_job(filled: dict[str, Any]) -> None:
+    rows = _panel_rows(filled["influx"], _by_slug("node"), RECENT, {"host": HOST}, "Processes")
+    jobs = {r["gpu"]: r.get("job") or None for r in rows}
+    assert jobs == {"0": _simulated_job()["job"], "1": None}
+
+
+@pytest.mark.parametrize("tag", list(history.GPU_HOURS_BY))
+def test_history_counts_gpu_hours_per_job_user_and_account(filled: dict[str, Any], tag: str) -> None:
+    dash = _by_slug("history")
+    title = history.GPU_HOURS_TITLES[tag]
+    rows = _panel_rows(filled["influx"], dash, dash["time"]["from"], {"host": HOST}, title)
+    job = _simulated_job()
+    tags = history.GPU_HOURS_BY[tag]
+    assert [tuple(r[t] for t in tags) for r in rows] == [tuple(job[t] for t in tags)]  # GPU 1, held by none, left out
+    assert rows[0]["GPU-hours"] >= 1 and 0 <= rows[0]["busy GPU-hours"] <= rows[0]["GPU-hours"]
 
 
 def _copy_into(influx: Any, db: str) -> None:

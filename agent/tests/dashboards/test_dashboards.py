@@ -280,8 +280,10 @@ def test_the_run_variable_lists_the_latest_run_first_and_keeps_that_order() -> N
 
 def test_node_opens_on_one_host_with_every_gpu_and_keeps_per_gpu_plots_wide() -> None:
     n = BY_UID["gpulse-node"]
-    host, gpu = n["templating"]["list"]
+    host, job, gpu = n["templating"]["list"]
     assert (host["name"], host["includeAll"], gpu["name"], gpu["includeAll"]) == ("host", False, "gpu", True)
+    assert (job["name"], job["includeAll"], job["allValue"]) == ("job", True, ".*")  # All keeps untagged GPUs
+    assert '"job" =~ /^$job$/' in gpu["query"]
     per_gpu = [p for p in n["panels"] if any("$tag_gpu" in t.get("alias", "") for t in p.get("targets", []))]
     assert per_gpu
     for p in per_gpu:

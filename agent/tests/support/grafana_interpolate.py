@@ -6,7 +6,8 @@ No Grafana server runs in the tests: :func:`interpolate` reproduces the substitu
 Grafana would send it. It follows Grafana's ``public/app/features/templating/template_srv.ts``
 (``replace``: the three variable syntaxes, the ``:regex`` format) and the InfluxDB datasource's
 ``datasource.ts`` (``getTimeFilter`` for ``$timeFilter``, ``interpolateQueryExpr``: a multi-value or
-"All" variable's values regex-escaped and joined as ``(a|b)``). These names are Grafana 12's
+"All" variable's values regex-escaped and joined as ``(a|b)``; ``template_srv.ts`` inserts a
+variable's custom ``allValue`` for "All" as is, unformatted). These names are Grafana 12's
 source tree as recalled when this module moved to test support, not checked against the source
 then (from Grafana 13 the InfluxDB datasource is an external plugin the image bundles). Where it
 differs: only relative
@@ -47,12 +48,17 @@ def time_filter(time_from: str, time_to: str = "now") -> str:
 
 @dataclass(frozen=True)
 class Selection:
-    """A template variable's current selection; ``multi`` when it is multi-value or has All."""
+    """A template variable's current selection; ``multi`` when it is multi-value or has All.
+
+    ``all_value``: "All" is selected and the variable has a custom ``allValue``, which stands for it."""
 
     values: tuple[str, ...]
     multi: bool = True
+    all_value: str | None = None
 
     def render(self, fmt: str | None) -> str:
+        if self.all_value is not None:
+            return self.all_value
         if fmt == "regex" or self.multi:
             escaped = [regex_escape(v) for v in self.values]
             return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"

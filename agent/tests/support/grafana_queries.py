@@ -102,7 +102,10 @@ def resolve_variables(
     influx: Any, dash: dict[str, Any], time_from: str, picks: Mapping[str, str]
 ) -> dict[str, Selection]:
     """Run each variable's query in order; select the value ``picks`` names, else what Grafana selects
-    by default (All where offered, else the first option)."""
+    by default (All where offered, else the first option).
+
+    A variable with a custom ``allValue`` may list nothing: Grafana still offers "All" (the query
+    variable's options start with it whenever ``includeAll`` is set), and "All" stands for that value."""
     resolved: dict[str, Selection] = {}
     for v in dash["templating"]["list"]:
         if v["type"] == "textbox":  # a setting: its default, or the value a URL's var-<name>= gives
@@ -110,14 +113,18 @@ def resolve_variables(
             continue
         q = interpolate(v["query"], resolved, time_from=time_from)
         values = _sorted(variable_values(influx, q), v.get("sort", 0))
-        assert values, f"{dash['title']}: variable ${v['name']} has no values: {q}"
         pick = picks.get(v["name"])
+        all_value = v.get("allValue") if pick is None and v["includeAll"] else None
+        if not values and all_value is not None:
+            resolved[v["name"]] = Selection((), all_value=all_value)
+            continue
+        assert values, f"{dash['title']}: variable ${v['name']} has no values: {q}"
         if pick is not None:
             assert pick in values, f"{dash['title']}: ${v['name']} does not offer {pick}: {values}"
             values = [pick]
         elif not v["includeAll"]:
             values = values[:1]
-        resolved[v["name"]] = Selection(tuple(values), multi=v["multi"] or v["includeAll"])
+        resolved[v["name"]] = Selection(tuple(values), multi=v["multi"] or v["includeAll"], all_value=all_value)
     return resolved
 
 

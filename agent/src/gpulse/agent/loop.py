@@ -131,6 +131,20 @@ def write_summary(path: str, summary: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def gpu_jobs(readings: list[Reading], gpus: list[GpuIdentity]) -> dict[str, str]:
+    """GPU uuid -> the job holding it, from the ``job`` tags of a cycle's ``gpu`` readings.
+
+    The training channel tags a rank's points with it (a process in a pod cannot name its job)."""
+    uuids = {g.index: g.uuid for g in gpus}
+    out: dict[str, str] = {}
+    for r in readings:
+        job = r.tags.get("job") if r.measurement == "gpu" and r.tags else None
+        uuid = uuids.get(r.gpu)
+        if job and uuid:
+            out[uuid] = job
+    return out
+
+
 class _Rate:
     """Lines per second over the last ~10 s, from a counter sampled about once a second."""
 
@@ -417,6 +431,8 @@ class Agent:
         if gpus != self._gpus:
             self._gpus = list(gpus)
             self._rebuild_series()
+        if self.receiver is not None and any(r.measurement == "gpu" for r in readings):
+            self.receiver.note_gpu_jobs(gpu_jobs(readings, self._gpus))
         series = self._series
         points = self.counters.points
         line = self.encoder.line

@@ -103,6 +103,10 @@ class TrainingReceiver:
         #: (run, rank, pid) named by runs' start points and not ended yet
         self._started: set[tuple[str, str, int]] = set()
         self._gpu_runs: dict[str, str] = {}
+        #: GPU uuid -> the job holding it, as the agent's last sample saw it (:meth:`note_gpu_jobs`)
+        self._gpu_jobs: dict[str, str] = {}
+        self._jobs_version = 0
+        self._jobs_applied = 0
         self.runs_version = 0
         self._max_ticket = 0
         self._logged: set[str] = set()
@@ -233,6 +237,8 @@ class TrainingReceiver:
             self.records_received += 1
             self._reject("bad_json", repr(e))
             return
+        if self._jobs_applied != self._jobs_version:
+            self._apply_rank_jobs()
         now_ns = self._now_ns()
         lines: list[str] = []
         max_seq = -1
@@ -391,6 +397,30 @@ class TrainingReceiver:
         if mapping != self._gpu_runs:
             self._gpu_runs = mapping
             self.runs_version += 1
+        self._apply_rank_jobs()
+
+    def note_gpu_jobs(self, jobs: dict[str, str]) -> None:
+        """GPU uuid -> the job holding it (the ``job`` tag of its ``gpu`` point); called by the agent's loop.
+
+        The reader thread picks a change up before its next datagram (the dict is replaced, never mutated)."""
+        if jobs != self._gpu_jobs:
+            self._gpu_jobs = dict(jobs)
+            self._jobs_version += 1
+
+    def _apply_rank_jobs(self) -> None:
+        """Give the validator each registered rank's job: the one job holding all the GPUs it registered."""
+        self._jobs_applied = self._jobs_version
+        gpu_jobs = self._gpu_jobs
+        uuids: dict[tuple[str, str], set[str]] = {}
+        for r in self._registrations.values():
+            uuids.setdefault((r.run, r.rank), set()).update(r.uuids)
+        jobs: dict[tuple[str, str], str] = {}
+        for key, held in uuids.items():
+            found = {gpu_jobs.get(u) for u in held}
+            job = found.pop() if len(found) == 1 else None
+            if job is not None:
+                jobs[key] = job
+        self._validator.set_rank_jobs(jobs)
 
     def training_processes(self) -> list[tuple[str, str, int]]:
         """(run, rank, pid) of the live training processes, whose host side the agent samples: the

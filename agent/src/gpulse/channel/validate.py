@@ -167,6 +167,8 @@ class Validator:
     dropped: Counter[str] = field(default_factory=Counter)
     over_budget: list[str] = field(default_factory=list)
     _runs: OrderedDict[str, _RunState] = field(default_factory=OrderedDict, repr=False)
+    #: (run, rank) -> the job holding the GPUs that rank registered (:meth:`set_rank_jobs`)
+    _rank_jobs: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
     #: measurement name -> declared field name -> type
     _declared: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
 
@@ -194,6 +196,18 @@ class Validator:
         if kind in REPLY_KINDS:
             raise Rejected("unexpected_kind", repr(kind), seq)
         raise Rejected("bad_kind", repr(kind)[:40], seq)
+
+    def set_rank_jobs(self, jobs: dict[tuple[str, str], str]) -> None:
+        """Tag the points of each (run, rank) in ``jobs`` that name no ``job`` themselves with that job.
+
+        A process in its own cgroup namespace (a Kubernetes pod) cannot learn its job; the agent can,
+        from the GPUs the rank registered. A change forgets the checked tag sets, so the next point of
+        each series is checked again and gets its new job (changes are rare: a job starts or ends)."""
+        if jobs == self._rank_jobs:
+            return
+        self._rank_jobs = dict(jobs)
+        for state in self._runs.values():
+            state.tag_sets.clear()
 
     # -- points -----------------------------------------------------------------------------------
     def _point(self, msg: Mapping[str, Any], seq: int | None, now_ns: int) -> CheckedPoint:
@@ -239,6 +253,9 @@ class Validator:
         else:
             self._runs.move_to_end(run)
         specs = state.specs.setdefault(m.name, {})
+        job = self._rank_jobs.get((run, checked["rank"]))
+        if job is not None and "job" not in checked and "job" in m.optional_tags:
+            checked["job"] = job
         series = Series(m, m.name, {**checked, "host": self.host}, specs)
         if all(type(v) is str for v in tags.values()):  # 1 == 1.0 == True: only exact strings are keys
             if len(state.tag_sets) >= MAX_TAG_SETS_PER_RUN:

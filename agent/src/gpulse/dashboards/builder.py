@@ -337,7 +337,9 @@ class Variable:
 
     ``multi`` allows several values; ``include_all`` adds "All" (and makes it the default).
     ``sort`` is Grafana's option: 1 alphabetical, 3 numerical, 0 the query's own order (used to
-    put the latest run first).
+    put the latest run first). ``all_value`` is what "All" stands for in a query (Grafana's
+    ``allValue``, inserted as is): ``.*`` in ``=~ /^$v$/`` also matches series without the tag,
+    which the default (every listed value, as ``(a|b)``) leaves out.
     """
 
     name: str
@@ -347,8 +349,10 @@ class Variable:
     include_all: bool = True
     sort: int = 1
     tier: str = RAW
+    all_value: str | None = None
 
     def to_json(self) -> Json:
+        extra: Json = {"allValue": self.all_value} if self.all_value is not None else {}
         return {
             "name": self.name,
             "label": self.label,
@@ -362,7 +366,13 @@ class Variable:
             "regex": "",
             "sort": self.sort,
             "hide": 0,
+            **extra,
         }
+
+
+def any_job(query: str, tier: str = RAW) -> Variable:
+    """``$job``: the jobs ``query`` lists; "All" (the default) also matches points no job holds."""
+    return Variable("job", "Job", query, tier=tier, all_value=".*")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ is UTC as well: a bar labelled with a date holds exactly that UTC day.
 from __future__ import annotations
 
 from gpulse.dashboards import training
-from gpulse.dashboards.builder import Column, Dashboard, Link, Query, Variable, organize, table, timeseries
+from gpulse.dashboards.builder import Column, Dashboard, Link, Panel, Query, Variable, organize, table, timeseries
 from gpulse.dashboards.units import (
     BYTES,
     COUNT,
@@ -43,6 +43,35 @@ OPEN_RUN = Link(
     training.UID,
     (("run", "${__value.raw}"),),
 )
+
+
+#: What each "GPU-hours per" table is grouped by, after the tag it is named by.
+GPU_HOURS_BY = {"job": ("job", "job_user", "account"), "job_user": ("job_user",), "account": ("account",)}
+GPU_HOURS_TITLES = {"job": "GPU-hours per job", "job_user": "GPU-hours per user", "account": "GPU-hours per account"}
+
+
+def _gpu_hours_by(tag: str, who: str, width: int) -> Panel:
+    """GPU-hours (and busy GPU-hours) over the range per value of ``tag``, from the job tags of hourly ``gpu`` points.
+
+    Each hourly point of a GPU a job held is one GPU-hour of that job; GPUs no job held are left out."""
+    tags = GPU_HOURS_BY[tag]
+    return table(
+        GPU_HOURS_TITLES[tag],
+        "GPU-hours the GPUs held over the range (an hourly point of a GPU is one GPU-hour of the job holding it), "
+        f"and the busy share of them (sum of hourly mean busy % / 100). {who} GPUs no job held are left out.",
+        Query(
+            'SELECT count("util_gpu_pct") AS "GPU-hours", sum("util_gpu_pct") / 100 AS "busy GPU-hours" '
+            f'FROM {HOURLY}."gpu" WHERE "{tag}" =~ /.+/ AND {WHERE} GROUP BY ' + ", ".join(f'"{t}"' for t in tags),
+            table=True,
+            tier="1h",
+        ),
+        columns=(Column("GPU-hours", GPU_HOURS), Column("busy GPU-hours", GPU_HOURS)),
+        transformations=[
+            organize(exclude=("Time",), order=tags),
+            {"id": "sortBy", "options": {"sort": [{"field": "GPU-hours", "desc": True}]}},
+        ],
+        width=width,
+    )
 
 
 def build() -> Dashboard:
@@ -95,6 +124,12 @@ def build() -> Dashboard:
             interval="1d",
             legend="wide",
         ),
+    )
+    d.row(
+        "GPU-hours per job",
+        _gpu_hours_by("job", "Job is the Slurm job id or the pod UID, with its Slurm user and account.", width=12),
+        _gpu_hours_by("job_user", "User is the Slurm job's user (pods have none).", width=6),
+        _gpu_hours_by("account", "Account is the Slurm job's account (pods have none).", width=6),
     )
     d.row(
         "Energy and health",

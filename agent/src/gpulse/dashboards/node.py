@@ -4,7 +4,8 @@ Busy % (NVML utilization.gpu) is shown next to SM and tensor activity because a 
 kernel reads 100 % busy; the gap between the two is the first thing to look at. ``$host`` holds
 one host by default (the first), so a 64-GPU node opens with 64 series, not 64 times the hosts;
 per-GPU graphs keep a narrow legend at the side so the plot keeps its width, and the tooltip lists
-the GPUs sorted by value.
+the GPUs sorted by value. ``$job`` narrows ``$gpu`` to the GPUs a job (Slurm job id or pod UID,
+the ``job`` tag of ``gpu`` points) held in the range; its "All" also keeps GPUs no job held.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gpulse.dashboards.builder import (
     Link,
     Query,
     Variable,
+    any_job,
     bargauge,
     join,
     organize,
@@ -54,6 +56,7 @@ WHERE = f"{SEL} AND $timeFilter"
 #: gpu_info is written at agent start and every hour: what was known by the end of the range,
 #: looked for from a day before it (a bounded read, as InfluxDB 3 needs).
 INFO_WHERE = f"{SEL} AND time >= ${{__from}}ms - 1d AND time <= ${{__to}}ms"
+JOB = any_job('SHOW TAG VALUES FROM "gpu" WITH KEY = "job" WHERE "host" =~ /^$host$/ AND $timeFilter')
 BY_GPU = 'GROUP BY time($__interval), "host", "gpu" fill(none)'
 BY_TIME = "GROUP BY time($__interval) fill(none)"
 PER_GPU = "$tag_host GPU $tag_gpu"
@@ -171,11 +174,13 @@ def build() -> Dashboard:
     d.variable(
         Variable("host", "Host", 'SHOW TAG VALUES FROM "gpu" WITH KEY = "host" WHERE $timeFilter', include_all=False)
     )
+    d.variable(JOB)
     d.variable(
         Variable(
             "gpu",
             "GPU",
-            'SHOW TAG VALUES FROM "gpu" WITH KEY = "gpu" WHERE "host" =~ /^$host$/ AND $timeFilter',
+            'SHOW TAG VALUES FROM "gpu" WITH KEY = "gpu" WHERE "host" =~ /^$host$/ AND "job" =~ /^$job$/ '
+            "AND $timeFilter",
             sort=3,
         )
     )
@@ -553,10 +558,11 @@ def build() -> Dashboard:
         table(
             "Processes",
             "One row per process that held a GPU in the time range (like nvitop): its GPU memory now and at "
-            "its peak, mean SM and memory-controller use, when it was last seen, and who and what it is.",
+            "its peak, mean SM and memory-controller use, when it was last seen, and who and what it is: its "
+            "job (Slurm job id or pod UID) and pod, where it runs in one.",
             Query(
                 'SELECT "pid", "user", "container", "command", "mem_used_bytes", "sm_util_pct", "mem_util_pct" '
-                f'FROM "gpu_process" WHERE {WHERE} GROUP BY "host", "gpu"',
+                f'FROM "gpu_process" WHERE {WHERE} GROUP BY "host", "gpu", "job", "pod"',
                 table=True,
             ),
             columns=(
@@ -576,6 +582,8 @@ def build() -> Dashboard:
                             "gpu": {"aggregations": [], "operation": "groupby"},
                             "pid": {"aggregations": [], "operation": "groupby"},
                             "user": {"aggregations": [], "operation": "groupby"},
+                            "job": {"aggregations": [], "operation": "groupby"},
+                            "pod": {"aggregations": [], "operation": "groupby"},
                             "container": {"aggregations": [], "operation": "groupby"},
                             "command": {"aggregations": [], "operation": "groupby"},
                             "mem_used_bytes": {"aggregations": ["lastNotNull", "max"], "operation": "aggregate"},
@@ -591,6 +599,8 @@ def build() -> Dashboard:
                         "gpu",
                         "pid",
                         "user",
+                        "job",
+                        "pod",
                         "container",
                         "mem_used_bytes (lastNotNull)",
                         "mem_used_bytes (max)",

@@ -18,6 +18,7 @@ from gpulse.dashboards.builder import (
     Panel,
     Query,
     Variable,
+    any_job,
     bargauge,
     stat,
     table,
@@ -105,11 +106,16 @@ def build() -> Dashboard:
     )
     d.variable(RAW_RETENTION_SETTING)
     d.variable(Variable("run", "Run (latest first)", RUNS_LATEST_FIRST, multi=False, include_all=False, sort=0))
+    # the run's jobs (a requeued run spans several): one narrows the hosts and ranks to that job's
+    d.variable(
+        any_job('SHOW TAG VALUES FROM "train_step" WITH KEY = "job" WHERE "run" =~ /^${run:regex}$/ AND $timeFilter')
+    )
     d.variable(
         Variable(
             "host",
             "Host",
-            'SHOW TAG VALUES FROM "train_step" WITH KEY = "host" WHERE "run" =~ /^${run:regex}$/ AND $timeFilter',
+            'SHOW TAG VALUES FROM "train_step" WITH KEY = "host" WHERE "run" =~ /^${run:regex}$/ '
+            'AND "job" =~ /^$job$/ AND $timeFilter',
         )
     )
     d.variable(
@@ -117,7 +123,7 @@ def build() -> Dashboard:
             "rank",
             "Rank",
             'SHOW TAG VALUES FROM "train_step" WITH KEY = "rank" WHERE "run" =~ /^${run:regex}$/ '
-            'AND "host" =~ /^$host$/ AND $timeFilter',
+            'AND "job" =~ /^$job$/ AND "host" =~ /^$host$/ AND $timeFilter',
             sort=3,
         )
     )

@@ -10,6 +10,10 @@ as real NVML counters do at a driver reload or GPU reset, which keeps the integr
 Phases: ``idle``, ``busy``, ``starved`` (data-loading bottleneck: memory full, little compute),
 ``throttled`` (thermal), ``straggler`` (power-capped, slower clocks). Without a scenario the node
 cycles through a 30-minute schedule and the last GPU is the noisy one (it also runs hot).
+
+Attribution: the first half of the GPUs (at least one) is held by one simulated Slurm job
+(:meth:`SimulatedSource.job_tags`, its id from the seed), so their ``gpu`` and ``gpu_process``
+points carry the job tags a node under Slurm gives them; the other GPUs belong to no job.
 """
 
 from __future__ import annotations
@@ -188,9 +192,10 @@ class SimulatedSource(GpuSource):
             phase = self.phase(now_ns, i)
             fields = self._gauges(now_ns, i, phase, gpm)
             self._counters(now_ns, i, fields, out, medium, slow)
-            out.append(Reading("gpu", i, fields, now_ns))
+            job = self.job_tags(i)
+            out.append(Reading("gpu", i, fields, now_ns, job))
             if procs and phase != "idle":
-                out.append(self._process(now_ns, i, fields))
+                out.append(self._process(now_ns, i, fields)._replace(tags=job))
         for ev in self._events:
             ts, gpu, kind, xid, text = ev
             if ts > now_ns:
@@ -199,6 +204,13 @@ class SimulatedSource(GpuSource):
                 self._emitted.add(ev)
                 out.append(Reading("gpu_event", gpu, {"kind": kind, "xid": xid, "data": xid, "text": text}, ts))
         return out
+
+    def job_tags(self, gpu: int) -> dict[str, str] | None:
+        """The tags of the simulated Slurm job holding ``gpu`` (``schema.JOB_TAGS``), or ``None``."""
+        if gpu >= max(1, self.n // 2):
+            return None
+        job = str(100_000 + _mix(self.seed) % 900_000)
+        return {"job": job, "job_user": "trainer", "account": "ml-research", "partition": "gpu"}
 
     # -- values ----------------------------------------------------------------------------------
     def phase(self, t_ns: int, gpu: int) -> str:
