@@ -172,3 +172,19 @@ def test_a_tenants_table_is_read_and_checked_with_the_rest_of_the_file(tmp_path:
     )  # fmt: skip
     with pytest.raises(ConfigError, match=r"unknown key\(s\) in \[tenants\]: routes"):
         load_config(parse("--config", write_toml(tmp_path, "[tenants]\nroutes = []\n")), {})
+
+
+def test_the_documented_tenants_example_is_a_valid_tenants_table(tmp_path: Path) -> None:
+    from gpulse.agent.tenants_config import EXAMPLE
+
+    secrets = tmp_path / "etc-gpulse-secrets"
+    for name in ("vision", "speech"):
+        (secrets / "tenants" / name).mkdir(parents=True)
+        (secrets / "tenants" / name / "influx-write-token").write_text(f"{name}-token\n")
+        (secrets / "tenants" / name / "influx-write-token").chmod(0o600)
+    text = '[connection]\nurl = "http://127.0.0.1:9"\n\n' + EXAMPLE.replace("/etc/gpulse/secrets", str(secrets))
+    cfg = load_config(parse("--config", write_toml(tmp_path, text)), {"GPULSE_TOKEN": "fleet-token"})
+    assert [(n, c.bucket, c.token) for n, c in cfg.tenant_connections] == [
+        ("vision", "gpulse-vision", "vision-token"),
+        ("speech", "gpulse-speech", "speech-token"),
+    ]

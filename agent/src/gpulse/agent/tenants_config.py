@@ -1,17 +1,7 @@
 """``[tenants]`` in the agent's TOML file: which jobs are which team's, and where each team's points go.
 
-::
-
-    [tenants]
-    secrets_dir = "/etc/gpulse/secrets"   # holds tenants/NAME/influx-write-token (gpulse setup --tenant NAME)
-
-    [[tenants.route]]
-    tenant = "vision"
-    slurm_account = "vision"               # or k8s_namespace = "vision"
-
-A tenant writes to the server of ``[connection]``: its bucket ``gpulse-NAME`` (v1: database
-``gpulse_NAME``) with its write-only credential. Everything is checked at start, so a missing
-credential file stops the agent with what to run instead of losing the tenant's points later.
+The table looks like :data:`EXAMPLE`. Everything is checked at start, so a missing credential file
+stops the agent with what to run instead of losing the tenant's points later.
 """
 
 from __future__ import annotations
@@ -25,7 +15,31 @@ from gpulse.influx.setup.common import SetupError
 from gpulse.influx.setup.tenant import tenant_place
 from gpulse.sinks.routing import TenantRoute
 
+EXAMPLE = """\
+[tenants]
+secrets_dir = "/etc/gpulse/secrets"   # holds tenants/NAME/influx-write-token
+
+[[tenants.route]]
+tenant = "vision"
+slurm_account = "vision"
+
+[[tenants.route]]
+tenant = "speech"
+k8s_namespace = "speech"
+"""
+#: What a reader of the configuration reference needs to know (``docs/configuration.md``).
+SUMMARY = (
+    "A tenant's jobs write to the server of `[connection]`: to the tenant's bucket `gpulse-NAME` (v1: database "
+    "`gpulse_NAME`) with its write-only credential, which `gpulse setup --tenant NAME` puts in "
+    "`secrets/tenants/NAME/influx-write-token`; copy it to the nodes' `secrets_dir`. The agent checks every "
+    "route and credential at start."
+)
 ROUTE_KEYS = ("tenant", "slurm_account", "k8s_namespace")
+ROUTE_DOCS = {
+    "tenant": "the tenant's name, as given to `gpulse setup --tenant NAME`",
+    "slurm_account": "a Slurm job of this account (the `account` tag) is the tenant's",
+    "k8s_namespace": "a pod in this Kubernetes namespace (the `namespace` tag) is the tenant's; exactly one of the two",
+}
 
 
 def parse_tenants(
