@@ -231,6 +231,19 @@ def test_a_second_v1_run_keeps_the_passwords_and_a_lost_file_needs_the_rotate_co
     assert v1_write(v1, before, "gpulse_vision")[0] == 401  # the old password no longer works
 
 
+def test_run_downsampling_with_a_tenant_fills_the_tenants_tiers_not_the_fleets(v1, tmp_path, clean_env):
+    assert setup_v1_tenant(v1, tmp_path, clean_env, "vision").returncode == 0
+    writer = secret(tmp_path / "secrets" / "tenants" / "vision" / WRITE_FILE)
+    minute = T0 // (60 * 10**9) * 60 * 10**9 - 120 * 10**9  # a whole minute, two minutes ago
+    line = f"train_step,host=n1,run=r1,rank=0 step=1i,step_time_s=0.5 {minute}"
+    assert http(f"{v1.url}/write?db=gpulse_vision&precision=n", auth=basic(writer), data=line.encode())[0] == 204
+    run = setup_v1_tenant(v1, tmp_path, clean_env, "vision", "--run-downsampling", "1h")
+    assert run.returncode == 0, run.stderr
+    admin = ("admin", "admin-pw")
+    assert v1.rows('SELECT * FROM "1m"."train_step"', db="gpulse_vision", user=admin)
+    assert "gpulse" not in {r["name"] for r in v1.rows("SHOW DATABASES", db="", user=admin)}
+
+
 def test_v3_says_what_core_cannot_do_for_a_tenant(tmp_path, clean_env):
     (tmp_path / "t").write_text("apiv3_x\n")
     (tmp_path / "t").chmod(0o600)

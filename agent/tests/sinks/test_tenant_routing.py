@@ -117,7 +117,7 @@ def test_the_agents_delivery_sends_a_tenants_job_to_its_database_and_node_sample
 
     assert measurements("gpulse") == {"gpu": 1, "gpu_process": 1, "agent": 1}  # physics has no tenant: the fleet's
     assert measurements("gpulse_vision") == {"gpu_process": 1, "train_step": 1}
-    assert d.stats()["lines_dropped"] == 0
+    assert (d.stats()["lines_dropped"], d.stats()["lines_written"]) == (0, 5)  # each line counted once
 
 
 def test_a_tenant_without_its_credential_file_stops_the_agent_with_the_command_that_makes_it(tmp_path):

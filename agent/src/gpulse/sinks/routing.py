@@ -72,7 +72,9 @@ class RoutedSink(Sink):
     def __init__(self, inner: Sink, routes: Sequence[TenantRoute], tenant: str | None) -> None:
         self.inner, self.tenant, self.router = inner, tenant, Router(routes)
         self.name = inner.name if tenant is None else f"{inner.name}-tenant-{tenant}"
-        self.is_database = inner.is_database
+        # The fleet's sink takes every line once (writes it, or leaves it to a tenant's sink): its count is the
+        # agent's lines_written, and a tenant's sink adds none (else each line would count once per sink).
+        self.is_database = inner.is_database and tenant is None
 
     def write(self, lines: Sequence[str]) -> None:
         mine = [i for i, line in enumerate(lines) if self.router.tenant_of(line) == self.tenant]

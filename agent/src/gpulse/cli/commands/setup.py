@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpulse.agent.connection_config import add_connection_flags
@@ -119,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpulse setup: {conn.describe()}: {report.summary()}")
         if args.run_downsampling:
             end = time.time_ns()
-            downsample_now(conn, end - parse_duration(args.run_downsampling), end)
+            target = conn
+            if args.tenant:  # the tenant's own bucket or database, not the fleet's
+                target = replace(conn, bucket=place.database if conn.api == "v1" else place.bucket)
+            downsample_now(target, end - parse_duration(args.run_downsampling), end)
             print(f"gpulse setup: downsampled the last {args.run_downsampling}")
     except (SetupError, ValueError, ConfigError) as e:
         print(f"gpulse setup: {e}", file=sys.stderr)
