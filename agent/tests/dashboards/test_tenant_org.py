@@ -86,3 +86,18 @@ def test_wrong_grafana_admin_credentials_say_what_the_file_must_hold(servers, tm
     assert run.returncode == 1
     assert "Grafana refused to look up org vision (HTTP 401 Invalid username or password)" in run.stderr
     assert "user:password of a Grafana server admin" in run.stderr
+
+
+def test_on_influxdb_1_the_datasources_log_in_as_the_tenants_reader_user(tmp_path):
+    from gpulse.dashboards.tenant_org import GrafanaAdmin, TenantGrafana, setup_grafana_tenant
+    from gpulse.influx.setup.common import SetupReport
+
+    tenant = TenantGrafana("vision", "http://influxdb:8086", "gpulse_vision", "gpulse_vision_reader:pw", api="v1")
+    with FakeGrafana(admin_password="admin-pw") as grafana, GrafanaAdmin(grafana.url, "admin:admin-pw") as admin:
+        setup_grafana_tenant(admin, tenant, SetupReport())
+        org = grafana.org("vision")
+    assert {(ds["user"], ds["jsonData"]["dbName"]) for ds in org.datasources.values()} == {
+        ("gpulse_vision_reader", "gpulse_vision")
+    }
+    assert all("httpHeaderName1" not in ds["jsonData"] for ds in org.datasources.values())
+    assert {s["password"] for s in org.secrets.values()} == {"pw"}
