@@ -77,7 +77,7 @@ def test_an_interval_below_a_tenth_of_a_second_is_refused_with_the_minimum_named
         (["--simulate-model", "V100"], {}, "--simulate-model must be one of H100, A100, RTX4090"),
         (["--spool-max-bytes", "lots"], {}, "--spool-max-bytes must be a size"),
         (["--socket-group", "no-such-group-gpulse"], {}, "no such group"),
-        (["--api", "v3"], {}, None),
+        (["--api", "v4"], {}, None),
     ],
 )
 def test_bad_values_name_the_setting_and_the_fix(argv: list[str], env: dict[str, str], message: str | None) -> None:
@@ -153,3 +153,38 @@ def test_the_cli_rejects_a_too_short_interval_with_exit_code_2(clean_env: dict[s
     assert r.returncode == 2
     assert "interval 0.01s is below the minimum of 0.1s" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_tenants_table_is_read_and_checked_with_the_rest_of_the_file(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets"
+    (secrets / "tenants" / "vision").mkdir(parents=True)
+    (secrets / "tenants" / "vision" / "influx-write-token").write_text("vision-write-token\n")
+    (secrets / "tenants" / "vision" / "influx-write-token").chmod(0o600)
+    text = (
+        '[connection]\nurl = "http://127.0.0.1:9"\norg = "o"\n\n'
+        f'[tenants]\nsecrets_dir = "{secrets}"\n\n[[tenants.route]]\ntenant = "vision"\nk8s_namespace = "cv"\n'
+    )
+    cfg = load_config(parse("--config", write_toml(tmp_path, text)), {"GPULSE_TOKEN": "fleet-token"})
+    assert [(r.tenant, r.k8s_namespace) for r in cfg.tenant_routes] == [("vision", "cv")]
+    [(name, conn)] = cfg.tenant_connections
+    assert (name, conn.url, conn.org, conn.bucket, conn.token) == (
+        "vision", "http://127.0.0.1:9", "o", "gpulse-vision", "vision-write-token",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) in \[tenants\]: routes"):
+        load_config(parse("--config", write_toml(tmp_path, "[tenants]\nroutes = []\n")), {})
+
+
+def test_the_documented_tenants_example_is_a_valid_tenants_table(tmp_path: Path) -> None:
+    from gpulse.agent.tenants_config import EXAMPLE
+
+    secrets = tmp_path / "etc-gpulse-secrets"
+    for name in ("vision", "speech"):
+        (secrets / "tenants" / name).mkdir(parents=True)
+        (secrets / "tenants" / name / "influx-write-token").write_text(f"{name}-token\n")
+        (secrets / "tenants" / name / "influx-write-token").chmod(0o600)
+    text = '[connection]\nurl = "http://127.0.0.1:9"\n\n' + EXAMPLE.replace("/etc/gpulse/secrets", str(secrets))
+    cfg = load_config(parse("--config", write_toml(tmp_path, text)), {"GPULSE_TOKEN": "fleet-token"})
+    assert [(n, c.bucket, c.token) for n, c in cfg.tenant_connections] == [
+        ("vision", "gpulse-vision", "vision-token"),
+        ("speech", "gpulse-speech", "speech-token"),
+    ]

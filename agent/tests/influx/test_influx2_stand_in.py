@@ -428,3 +428,16 @@ def test_a_flux_query_needs_an_org_and_a_script_that_parses(fake):
     broken = call(fake, "POST", "/api/v2/query", params={"org": "gpulse"}, body={"query": q["query"][:-1]})
     assert broken.status == 400 and "expected RPAREN" in broken.body["message"]
     assert fake.state.queries == [q["query"]]
+
+
+def test_a_flux_from_of_a_bucket_the_token_may_not_read_is_404_could_not_find_bucket(fake):
+    """``query/bucket_lookup.go`` ``BucketLookup.Lookup``: the authorizing bucket service's refusal is "not found"."""
+    own = call(fake, "POST", "/api/v2/buckets", body={"orgID": fake.org_id, "name": "own", "retentionRules": []})
+    token = grant(fake, ("read", "buckets", own.body["id"]))
+    query = {"query": 'from(bucket: "gpulse") |> range(start: -1h)', "type": "flux"}
+    a = call(fake, "POST", "/api/v2/query", token=token, params={"org": "gpulse"}, body=query)
+    assert (a.status, a.body["message"]) == (404, 'failed to initialize execute state: could not find bucket "gpulse"')
+    query["query"] = 'from(bucket: "own") |> range(start: -1h)'
+    assert call(fake, "POST", "/api/v2/query", token=token, params={"org": "gpulse"}, body=query).status == 200
+    query["query"] = 'from(bucket: "nowhere") |> range(start: -1h)'
+    assert call(fake, "POST", "/api/v2/query", params={"org": "gpulse"}, body=query).status == 404

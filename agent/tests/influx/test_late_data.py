@@ -167,6 +167,7 @@ def test_recompute_fills_both_tiers_of_an_old_range_on_influxdb_1(server, clean_
 
 def test_recompute_on_influxdb_2_runs_the_task_pipelines_a_chunk_at_a_time_minute_tier_first(tmp_path, clean_env):
     with FakeInfluxV2Admin() as fake:
+        fake.add_bucket("gpulse_1m")  # the 1h pipeline reads it: a Flux from() of a missing bucket is 404
         token = tmp_path / "token"
         token.write_text(fake.state.operator_token + "\n")
         token.chmod(0o600)
@@ -223,6 +224,7 @@ def test_the_recompute_commands_the_influxdb_readme_shows_run_as_shown(server, t
     lines = [ln.split("#")[0].strip() for ln in block[: block.index("```")].splitlines() if ln.strip()]
     assert len(lines) == 2 and all(ln.startswith("gpulse recompute ") for ln in lines)
     with FakeInfluxV2Admin() as fake:  # the stack `make up` started: its admin token in secrets/
+        fake.add_bucket("gpulse_1m")  # made by the stack's `gpulse setup`
         (tmp_path / "secrets").mkdir()
         (tmp_path / "secrets" / "influxdb-admin-token").write_text(fake.state.operator_token + "\n")
         (tmp_path / "secrets" / "influxdb-admin-token").chmod(0o600)

@@ -57,7 +57,11 @@ and 100``.
   ``permission X is not allowed``).
 * ``POST /api/v2/query`` (``http/query_handler.go``): ``org``/``orgID`` required (400 ``failed to decode
   request body: Please provide either orgID or org``); the script is parsed, a syntax error is 400
-  (``query/control/controller.go`` ``handleFluxError``).
+  (``query/control/controller.go`` ``handleFluxError``). A ``from(bucket: "X")`` the token may not read,
+  or that is not in the org, is 404 ``failed to initialize execute state: could not find bucket "X"``:
+  the bucket lookup goes through the authorizing bucket service and takes any error as "not found"
+  (``query/bucket_lookup.go`` ``BucketLookup.Lookup``, ``query/stdlib/influxdata/influxdb/source.go``),
+  as read from the source, not seen on a 2.9.1 server.
 * ``POST /api/v2/write``: :class:`support.fake_influx_v2.WriteAPI`.
 * ``/query`` (InfluxQL, ``http/legacy/influxqld_handler.go``): the org comes from the token (``org`` is not
   read), ``db``/``rp`` resolve through the DBRP mappings (``v1/coordinator/statement_executor.go``) to the
@@ -74,6 +78,7 @@ parameters are translated. Cron expressions are not checked. Every request is lo
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import threading
 import urllib.error
@@ -1030,6 +1035,11 @@ class FakeInfluxV2Admin(WriteAPI):
         err = flux_syntax_error(query)
         if err:
             raise ApiError("invalid", err)
+        org = self._org_of(q.get("org", ""), q.get("orgID", ""))
+        for name in FLUX_FROM_BUCKET.findall(query):
+            b = next((x for x in self.state.buckets.values() if x["orgID"] == org["id"] and x["name"] == name), None)
+            if b is None or not _readable(auth, b):
+                raise ApiError("not found", f'failed to initialize execute state: could not find bucket "{name}"')
         self.state.queries.append(query)
         return Response(200, b"\r\n", content_type="text/csv; charset=utf-8")
 
@@ -1067,6 +1077,10 @@ class FakeInfluxV2Admin(WriteAPI):
                 return Response(200, r.read())
         except urllib.error.HTTPError as e:
             return Response(e.code, e.read())
+
+
+#: ``from(bucket: "X")`` (the only source form gpulse writes); ``bucketID:`` and computed names are not looked at.
+FLUX_FROM_BUCKET = re.compile(r'from\(\s*bucket\s*:\s*"([^"]+)"')
 
 
 def _virtual(b: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from gpulse.agent.connection_config import CONNECTION_KEYS, config_path, resolve_connection
 from gpulse.influx.connection import ConfigError, Connection
+from gpulse.sinks.routing import TenantRoute
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -132,6 +133,9 @@ class AgentConfig:
     max_bytes: int = 4 << 20
     #: replay data spooled for another destination (another URL, API, org/bucket, database) into this one
     replay_spool_to_new_destination: bool = False
+    #: ``[tenants]``: which jobs are which team's, and each team's connection (:mod:`gpulse.agent.tenants_config`)
+    tenant_routes: tuple[TenantRoute, ...] = ()
+    tenant_connections: tuple[tuple[str, Connection], ...] = ()
     #: at exit, the final counts as JSON go to this file (scripts and tests read them; people read the log line)
     summary_file: str | None = None
     config_path: str | None = field(default=None, compare=False)
@@ -195,10 +199,10 @@ def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
-    unknown = set(data) - {"agent", "connection"}
+    unknown = set(data) - {"agent", "connection", "tenants"}
     if unknown:
         raise ConfigError(
-            f"config file {p}: unknown table(s) {', '.join(sorted(unknown))}; use [agent] and [connection]"
+            f"config file {p}: unknown table(s) {', '.join(sorted(unknown))}; use [agent], [connection] and [tenants]"
         )
     for table, allowed in (("agent", tuple(_SETTINGS)), ("connection", (*CONNECTION_KEYS, "token"))):
         section = data.get(table, {})
@@ -278,6 +282,12 @@ def load_config(args: argparse.Namespace | None = None, env: Mapping[str, str] |
         values["record"] = os.path.expanduser(record)
     if not values.get("host"):
         values["host"] = socket.gethostname()
+    if "tenants" in data:
+        from gpulse.agent.tenants_config import parse_tenants
+
+        values["tenant_routes"], values["tenant_connections"] = parse_tenants(
+            data["tenants"], f"config file {path}", conn
+        )
     cfg = AgentConfig(connection=conn, config_path=path, unused_url=unused_url, **values)
     validate(cfg)
     return cfg

@@ -289,7 +289,9 @@ class Agent:
         from gpulse.sinks.factory import build_sinks
 
         cfg = self.cfg
-        sinks = build_sinks(cfg.connection if cfg.connection.url else None, cfg.record)
+        sinks = build_sinks(
+            cfg.connection if cfg.connection.url else None, cfg.record, cfg.tenant_routes, cfg.tenant_connections
+        )
         self.delivery = Delivery(
             sinks,
             spool_dir=cfg.spool_dir,

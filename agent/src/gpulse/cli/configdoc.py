@@ -131,6 +131,31 @@ def _stack_settings() -> list[str]:
     return out
 
 
+def _tenants() -> list[str]:
+    """``[tenants]``: the example, summary and keys of :mod:`gpulse.agent.tenants_config`."""
+    from gpulse.agent import tenants_config
+    from gpulse.sinks import routing
+
+    measurements = ", ".join(f"`{m}`" for m in sorted(routing.JOB_MEASUREMENTS))
+    return [
+        "",
+        "## Tenants (`[tenants]` in the agent's TOML file)",
+        "",
+        _md(tenants_config.SUMMARY),
+        "",
+        "```toml",
+        *tenants_config.EXAMPLE.splitlines(),
+        "```",
+        "",
+        f"Routed to a tenant: {measurements}; everything else stays in the fleet's bucket.",
+        "",
+        "| key | meaning |",
+        "| --- | --- |",
+        "| `secrets_dir` | where `tenants/NAME/influx-write-token` is (default `secrets`) |",
+        *(f"| `[[tenants.route]]` `{k}` | {tenants_config.ROUTE_DOCS[k]} |" for k in tenants_config.ROUTE_KEYS),
+    ]
+
+
 def render() -> str:
     out = [
         "# gpulse configuration reference",
@@ -163,6 +188,7 @@ def render() -> str:
     ]
     for name in config.setting_names():
         out.append(f"| `{name}` | `{config.env_name(name)}` | `--{name.replace('_', '-')}` |")
+    out += _tenants()
     out += ["", "## Environment variables", "", "| variable | meaning | read by |", "| --- | --- | --- |"]
     flag_of = {config.env_name(n): f"same as `--{n.replace('_', '-')}`" for n in config.setting_names()}
     flag_of.update({f"GPULSE_{k.upper()}": f"same as `--{k.replace('_', '-')}`" for k in config.CONNECTION_KEYS})

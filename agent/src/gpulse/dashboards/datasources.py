@@ -12,6 +12,7 @@ compose file mounts the one for the InfluxDB it runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulse.dashboards.builder import DATASOURCE_UIDS, Json
@@ -45,29 +46,33 @@ V3 = Backend("v3", "grafana/provisioning-v3/datasources/influxdb.yaml", "http://
 BACKENDS = (V2, V3)
 
 
-def provisioning(backend: Backend) -> Json:
-    """Grafana's datasource provisioning document (apiVersion 1) for one backend."""
-    datasources = []
+def tier_datasources(url: str, database: Callable[[str], str], header: bool = True) -> list[Json]:
+    """One InfluxQL datasource per tier (without its secret): the provisioned ones and a tenant org's.
+    ``header``: the token goes in an ``Authorization`` header (2.x, 3); else as 1.x ``user``/``password``."""
+    out = []
     for tier, uid in DATASOURCE_UIDS.items():
-        datasources.append(
+        json_data: Json = {"version": "InfluxQL", "dbName": database(tier), "httpMode": "POST", "timeInterval": "1s"}
+        if header:
+            json_data["httpHeaderName1"] = "Authorization"
+        out.append(
             {
                 "name": "gpulse InfluxDB" + ("" if tier == RAW else f" {tier}"),
                 "uid": uid,
                 "type": "influxdb",
                 "access": "proxy",
-                "url": backend.url,
+                "url": url,
                 "isDefault": tier == RAW,
                 "editable": False,
-                "jsonData": {
-                    "version": "InfluxQL",
-                    "dbName": backend.database(tier),
-                    "httpMode": "POST",
-                    "timeInterval": "1s",
-                    "httpHeaderName1": "Authorization",
-                },
-                "secureJsonData": {"httpHeaderValue1": f"Token $__file{{{TOKEN_FILE}}}"},
+                "jsonData": json_data,
             }
         )
+    return out
+
+
+def provisioning(backend: Backend) -> Json:
+    """Grafana's datasource provisioning document (apiVersion 1) for one backend."""
+    secure = {"httpHeaderValue1": f"Token $__file{{{TOKEN_FILE}}}"}
+    datasources = [ds | {"secureJsonData": dict(secure)} for ds in tier_datasources(backend.url, backend.database)]
     return {"apiVersion": 1, "prune": True, "datasources": datasources}
 
 

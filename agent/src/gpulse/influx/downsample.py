@@ -146,7 +146,7 @@ def _flux_body(tier: Tier, bucket: str) -> list[str]:
     return lines
 
 
-def flux_task(tier: Tier, bucket: str = "gpulse") -> str:
+def flux_task(tier: Tier, bucket: str = "gpulse", tenant: str | None = None) -> str:
     """The InfluxDB 2.x task for one tier (checked in under ``influxdb/tasks/``).
 
     Every run re-aggregates ``[now - lookback, now)``, ``now()`` being the run's scheduled time cut
@@ -163,7 +163,7 @@ def flux_task(tier: Tier, bucket: str = "gpulse") -> str:
         f"counters as last, per {tier.window}, all tags kept.",
         'import "date"',
         "",
-        f'option task = {{name: "{task_name(tier)}", every: {tier.every}, offset: {tier.offset}}}',
+        f'option task = {{name: "{task_name(tier, tenant)}", every: {tier.every}, offset: {tier.offset}}}',
         "",
         f"// Every run rewrites the last {tier.lookback} of whole {tier.window} windows up to its scheduled time",
         "// (now()): points that arrive late and windows of failed runs are folded in by the next runs.",

@@ -40,8 +40,9 @@ def bucket_name(base: str, tier: str) -> str:
     return base if tier == RAW else f"{base}_{tier}"
 
 
-def task_name(tier: Tier) -> str:
-    return f"gpulse_{tier.source}_to_{tier.name}"
+def task_name(tier: Tier, tenant: str | None = None) -> str:
+    """``gpulse_raw_to_1m``; a tenant's tasks carry its name (``gpulse_vision_raw_to_1m``), as task names share the org."""
+    return f"gpulse_{tenant + '_' if tenant else ''}{tier.source}_to_{tier.name}"
 
 
 def cq_name(tier: Tier, measurement: str) -> str:

@@ -34,7 +34,7 @@ def _normalize(statement: str) -> str:
     return " ".join(statement.replace('"', "").split())
 
 
-def _run(ql: InfluxQL, q: str, what: str) -> list[dict]:
+def run_statement(ql: InfluxQL, q: str, what: str) -> list[dict]:
     try:
         return ql.rows(q, db="")
     except QueryError as e:
@@ -58,28 +58,35 @@ def setup_v1(conn: Connection, *, raw_retention: str = "30d", minute_retention: 
     db = conn.database
     report = SetupReport()
 
-    names = {r["name"] for r in _run(ql, "SHOW DATABASES", "list databases")}
+    names = {r["name"] for r in run_statement(ql, "SHOW DATABASES", "list databases")}
     if db in names:
         report.add("unchanged", f"database {db}")
     else:
-        _run(ql, f"CREATE DATABASE {quote_ident(db)}", f"create database {db}")
+        run_statement(ql, f"CREATE DATABASE {quote_ident(db)}", f"create database {db}")
         report.add("created", f"database {db}")
 
-    have = {r["name"]: r for r in _run(ql, f"SHOW RETENTION POLICIES ON {quote_ident(db)}", "list retention policies")}
+    have = {
+        r["name"]: r
+        for r in run_statement(ql, f"SHOW RETENTION POLICIES ON {quote_ident(db)}", "list retention policies")
+    }
     for rp in (RAW, *(t.name for t in TIERS)):
         duration, default = influx_duration(secs[rp]), rp == RAW
         spec = f"DURATION {duration} REPLICATION 1" + (" DEFAULT" if default else "")
         cur = have.get(rp)
         what = f"retention policy {db}.{rp} ({duration}{', default' if default else ''})"
         if cur is None:
-            _run(ql, f"CREATE RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {spec}", f"create {what}")
+            run_statement(
+                ql, f"CREATE RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {spec}", f"create {what}"
+            )
             report.add("created", what)
         elif _rp_seconds(cur["duration"]) != secs[rp] or (default and not cur["default"]):
             alter = f"DURATION {duration}" if _rp_seconds(cur["duration"]) != secs[rp] else ""
             if alter:  # a shorter duration than the current shard duration is refused without a new one
                 alter += f" SHARD DURATION {influx_duration(shard_group_seconds(secs[rp]))}"
             alter += " DEFAULT" if default else ""
-            _run(ql, f"ALTER RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {alter.strip()}", f"alter {what}")
+            run_statement(
+                ql, f"ALTER RETENTION POLICY {quote_ident(rp)} ON {quote_ident(db)} {alter.strip()}", f"alter {what}"
+            )
             report.add("updated", what)
         else:
             report.add("unchanged", what)
@@ -87,20 +94,20 @@ def setup_v1(conn: Connection, *, raw_retention: str = "30d", minute_retention: 
     want = continuous_queries(db)
     existing = {
         r["name"]: r["query"]
-        for r in _run(ql, "SHOW CONTINUOUS QUERIES", "list continuous queries")
+        for r in run_statement(ql, "SHOW CONTINUOUS QUERIES", "list continuous queries")
         if r["_measurement"] == db
     }
     for name in existing:
         if _MANAGED_CQ.match(name) and name not in want:
-            _run(ql, f"DROP CONTINUOUS QUERY {quote_ident(name)} ON {quote_ident(db)}", f"drop {name}")
+            run_statement(ql, f"DROP CONTINUOUS QUERY {quote_ident(name)} ON {quote_ident(db)}", f"drop {name}")
             report.add("deleted", f"continuous query {name} (no longer in the schema)")
     for name, statement in want.items():
         if name not in existing:
-            _run(ql, statement, f"create continuous query {name}")
+            run_statement(ql, statement, f"create continuous query {name}")
             report.add("created", f"continuous query {name}")
         elif _normalize(existing[name]) != _normalize(statement):
-            _run(ql, f"DROP CONTINUOUS QUERY {quote_ident(name)} ON {quote_ident(db)}", f"drop {name}")
-            _run(ql, statement, f"create continuous query {name}")
+            run_statement(ql, f"DROP CONTINUOUS QUERY {quote_ident(name)} ON {quote_ident(db)}", f"drop {name}")
+            run_statement(ql, statement, f"create continuous query {name}")
             report.add("updated", f"continuous query {name}")
         else:
             report.add("unchanged", f"continuous query {name}")
@@ -123,7 +130,7 @@ def downsample_now(conn: Connection, start_ns: int, end_ns: int) -> int:
         for tier in TIERS:
             for m in downsampled_measurements():
                 q = influxql_select(tier, m.name, conn.database, start_ns, end_ns)
-                for row in _run(ql, q, f"downsample {m.name} to {tier.name}"):
+                for row in run_statement(ql, q, f"downsample {m.name} to {tier.name}"):
                     written += int(row.get("written") or 0)
     finally:
         ql.close()

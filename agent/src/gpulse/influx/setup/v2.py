@@ -263,10 +263,12 @@ def ensure_dbrps(conn: Connection, api: AdminAPI, org: Org, buckets: dict[str, B
             report.add("unchanged", what)
 
 
-def ensure_tasks(conn: Connection, api: AdminAPI, org: Org, report: SetupReport) -> dict[str, Task]:
+def ensure_tasks(
+    conn: Connection, api: AdminAPI, org: Org, report: SetupReport, tenant: str | None = None
+) -> dict[str, Task]:
     out = {}
     for tier in TIERS:
-        name, flux = task_name(tier), flux_task(tier, conn.bucket)
+        name, flux = task_name(tier, tenant), flux_task(tier, conn.bucket, tenant)
         # A name filter with the org matches before the page is cut (kv/task.go findTasksByOrg).
         listed = api.call("GET", "/api/v2/tasks", f"look up task {name}", params={"orgID": org.id, "name": name})
         found = [t for t in map(Task.from_json, listed.get("tasks") or []) if t.name == name]
