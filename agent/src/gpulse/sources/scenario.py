@@ -172,7 +172,8 @@ def training_lines(
     """``train_run``/``train_step``/``train_event`` lines of a synchronous data-parallel run, one rank per GPU.
 
     A step's wall time is the slowest rank's compute plus the data wait and the all-reduce; faster
-    ranks spend the difference waiting in the all-reduce (``comm_s``), as in DDP.
+    ranks spend the difference waiting in the all-reduce (``comm_s``), as in DDP. A rank's step is
+    forward + backward's compute + ``comm_s`` + optimizer, the parts of ``gpulse.report.phases``.
     """
     enc = encoder or Encoder()
     rng = random.Random(f"{seed}-train")
@@ -282,6 +283,9 @@ def training_lines(
             for name, share in SPLIT.items():
                 fields[name] = compute[r] * share
                 fields[name.replace("_s", "_gpu_s")] = compute[r] * share * 0.97
+            # as the training library records it: the backward phase ends when backward() returns,
+            # after DDP's wait for the all-reduce (gpulse.training.comm), so it holds comm_s too
+            fields["backward_s"] = compute[r] * SPLIT["backward_s"] + comm
             emit(r, "train_step", fields, end)
         t = end
         if pending_eval and t >= pending_eval[0]:
