@@ -71,7 +71,7 @@ def test_the_demo_report_parts_add_up_to_the_mean_step(demo_rows: list[dict]) ->
     parts = report.phases_s
     assert set(parts) == {"data_wait", "forward", "backward", "comm", "optimizer", "other"}
     assert in_step(parts) == pytest.approx(report.step_time_s.mean, rel=0.01)
-    assert parts["other"] != pytest.approx(parts["comm"], rel=0.05)
+    assert parts["other"] == pytest.approx(scenario.OTHER_S, rel=0.15)  # the loop's own work, generated
     assert not [h for h in report.hints if "exceed the step" in h]
     # the summary's communication share is the mean of what the bars show, split into the
     # communication itself and the wait for the straggler
@@ -91,7 +91,8 @@ def test_every_demo_step_adds_up_and_shows_backward(demo_rows: list[dict]) -> No
         p = partition(rows)
         assert in_step(p.parts) == pytest.approx(p.step_s, rel=0.01), step
         assert p.parts["backward"] > 0.3 * p.step_s, step
-        assert p.parts["comm"] > 0, step
+        assert p.parts["comm"] > 0 and p.parts["other"] > 0, step
+        assert p.parts["other"] != pytest.approx(p.parts["comm"], rel=0.05), step
 
 
 def test_the_html_chart_stacks_the_same_parts(demo_rows: list[dict]) -> None:

@@ -275,7 +275,7 @@ def data_loading(r: RunReport, t: Thresholds) -> Outcome:
         return None
     wait = (
         f"{_pct(dl)} of step time is spent waiting for the next batch "
-        f"(mean wait {r.phases_s.get('data_wait', 0):.4f} s per step vs {r.step_time_s.mean or 0:.4f} s of compute)."
+        f"(mean wait {r.phases_s.get('data_wait', 0):.4f} s per step vs {r.step_time_s.mean or 0:.4f} s of step after it)."
     )
     threshold = f"data_loading_time_ratio > {t.data_loading_ratio}"
     if r.host is None:
