@@ -21,7 +21,8 @@ waiting for the batch. So the data-loading ratio is Σ data wait / Σ (data wait
 reached the collective first it includes waiting for the slower ranks. The rank that waits least
 (on average per step) waits for no one: its wait is the communication itself. So the communication
 ratio counts that wait for every rank's steps, and the rest is ``wait_for_slower_ranks``; a rank's
-own work is its data wait and its step less its wait (the straggler rule compares it). Memory in
+own work is its data wait and its step less its wait (the straggler rule compares it). How a step
+splits into parts (``phases_s``) is :mod:`gpulse.report.phases`'s one definition. Memory in
 GiB (2^30 bytes); energy from the GPU energy counter (or, without it, from power × time).
 """
 
