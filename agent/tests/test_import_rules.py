@@ -107,6 +107,7 @@ TRAINING_CLOSURE = (
     "gpulse.report.records",
     "gpulse.report.units",
     "gpulse.report.host",
+    "gpulse.report.phases",
 )
 
 

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 from support.fixtures import gpulse_cmd
-from support.grafana_queries import panel_rows
+from support.grafana_queries import panel_queries, panel_rows, resolve_variables
 from support.influxd import InfluxDB1
 
 from gpulse.dashboards import dashboards
 from gpulse.lineprotocol.parse import read_lines
+from gpulse.report.phases import PARTS
 from gpulse.sources import scenario
 
 pytestmark = pytest.mark.influxdb
@@ -105,6 +106,35 @@ def test_after_the_demo_every_panel_of_a_dashboard_shows_data_over_its_default_r
     counts = panel_rows(influx, dash, dash["time"]["from"], {"host": scenario.DEMO_HOST, "run": demo_run["run"]})
     print(f"\n{dashboard.title}: {sum(1 for n in counts.values() if n)}/{len(counts)} panels and annotations with data")
     assert [title for title, n in counts.items() if n == 0] == []
+
+
+def test_the_step_time_panel_stacks_the_report_s_parts_of_a_step_and_they_add_up(demo_run: dict) -> None:
+    """The Training run dashboard's phase panel, as Grafana sends it over the demo run: the parts the
+    report defines (``gpulse.report.phases``), and in every interval with steps they add up to the
+    panel's line (data wait + step) within 1%, with backward's compute shown and never equal to comm."""
+    influx = demo_run["influx"]
+    dash = next(d for d in dashboards() if d.uid == "gpulse-training-run").to_json()
+    time_from = dash["time"]["from"]
+    variables = resolve_variables(influx, dash, time_from, {"host": scenario.DEMO_HOST, "run": demo_run["run"]})
+    queries = [q for p, t, q in panel_queries(dash, variables, time_from) if p["title"] == "Step time by phase"]
+    raw = [q for q in queries if '"1m".' not in q]
+    assert len(raw) == 2, queries
+    parts, line = (_series(influx, q) for q in raw)
+    names = [c for c in next(iter(parts.values()))]
+    assert names == [*PARTS, "other"]
+    busy = {t: row for t, row in parts.items() if line[t]["step"]}
+    assert len(busy) > 20
+    for t, row in busy.items():
+        assert sum(row.values()) == pytest.approx(line[t]["step"], rel=0.01), (t, row)
+        assert row["backward"] > 0 and row["comm"] > 0 and row["other"] != pytest.approx(row["comm"], rel=0.05), row
+
+
+def _series(influx: InfluxDB1, query: str) -> dict[str, dict[str, float]]:
+    """One query's rows by time: column -> value (one series, no tags)."""
+    ((res,),) = [influx.query(query, db="gpulse")["results"]]
+    ((series,),) = [res["series"]]
+    cols = series["columns"]
+    return {v[0]: dict(zip(cols[1:], v[1:], strict=True)) for v in series["values"]}
 
 
 def test_without_a_database_the_demo_records_a_file_and_reports_from_it(influxdb: InfluxDB1, tmp_path: Path) -> None:

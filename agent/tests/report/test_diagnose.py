@@ -187,7 +187,7 @@ def test_communication_is_the_least_waiting_rank_s_wait_and_the_rest_is_waiting_
     assert r.wait_for_slower_ranks_ratio == pytest.approx(0.01)
     assert r.communication_in_flight_ratio == pytest.approx(0.6)
     finding = next(f for f in r.diagnosis if f.id == "communication")
-    assert "30.0% of step time is spent waiting for communication" in finding.evidence
+    assert "30.0% of step time is communication itself" in finding.evidence
     assert "in flight 60.0%" in finding.evidence and "rank_imbalance" not in ids(r)
     assert "lacks ranks" not in finding.evidence
     alone = build_report([row for row in steps if row["rank"] == "0"], [], [], [])  # rank 1's points missing

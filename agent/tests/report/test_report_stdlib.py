@@ -8,10 +8,11 @@ import sys
 
 from test_import_rules import MODULES, gpulse_imports, third_party
 
-#: what runs inside training; model imports diagnose, records and host (the host summary, None
-#: there), diagnose units
+#: what runs inside training; model imports diagnose, records, phases (a step's parts) and host
+#: (the host summary, None there), diagnose units
 IN_TRAINING = (
     "gpulse.report.model",
+    "gpulse.report.phases",
     "gpulse.report.diagnose",
     "gpulse.report.records",
     "gpulse.report.units",

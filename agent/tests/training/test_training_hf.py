@@ -13,6 +13,7 @@ import pytest
 import torch
 from training_support import Agent
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import TrainerCallback as HfTrainerCallback
 
 from gpulse.training.hf import GpulseCallback
 
@@ -94,6 +95,47 @@ def test_the_trainer_callback_sends_every_optimizer_step_with_a_forward_backward
     assert {p.tags["framework"] for p in agent.points("train_step")} == {"hf"}
     assert callback.run.stats()["errors"] == {}
     assert (tmp_path / "out" / "metrics_report.json").exists()
+
+
+class SlowEndOfStep(HfTrainerCallback):
+    """A framework's own end-of-step work after gpulse's callback: a progress bar in ``on_step_end``,
+    a log file written in ``on_log`` (ms-swift's ``logging.jsonl``)."""
+
+    STEP_END_S, LOG_S = 0.15, 0.1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.STEP_END_S)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        time.sleep(self.LOG_S)
+
+
+@pytest.mark.parametrize("logging_steps", [1, 2])
+def test_work_other_callbacks_do_after_gpulse_s_at_the_step_end_is_in_the_step_not_in_the_data_wait(
+    agent: Agent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logging_steps: int
+) -> None:
+    """The step ends when every callback has done its step-end work, and its logging when the step
+    is logged; the data wait is the Trainer fetching the next batches (4 x 10 ms) only."""
+    monkeypatch.setenv("GPULSE_SOCKET", agent.path)
+    callback = GpulseCallback()
+    args = training_args(tmp_path / "out")
+    args.logging_steps = logging_steps
+    trainer = Trainer(model=tiny_model(), args=args, train_dataset=SlowTokens(),
+                      callbacks=[callback, SlowEndOfStep()])  # fmt: skip
+    trainer.train()
+    steps = sorted(agent.points("train_step"), key=lambda p: p.fields["step"])
+    assert [p.fields["step"] for p in steps] == list(range(1, MAX_STEPS + 1))
+    for p in steps:
+        f = p.fields
+        logged = f["step"] % logging_steps == 0
+        assert f["step_time_s"] > SlowEndOfStep.STEP_END_S + (SlowEndOfStep.LOG_S if logged else 0.0), f
+        assert ("log_loss" in f) == logged, f  # a step's logged scalars stay with it
+        # forward, backward and optimizer are timed; the rest of the step is the callbacks' work
+        other = f["step_time_s"] - f["forward_s"] - f["backward_s"] - f["optimizer_s"]
+        assert other > SlowEndOfStep.STEP_END_S, f
+    for p in steps[1:]:
+        assert 0.03 < p.fields["data_wait_s"] < SlowEndOfStep.STEP_END_S, p.fields
+    assert callback.run.stats()["errors"] == {}
 
 
 # -- ms-swift --------------------------------------------------------------------------------------

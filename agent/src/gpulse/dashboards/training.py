@@ -47,12 +47,19 @@ WHERE = f"{SEL} AND $timeFilter"
 BY_TIME = "GROUP BY time($__interval) fill(none)"
 BY_RANK = 'GROUP BY time($__interval), "rank" fill(none)'
 PER_RANK = "rank $tag_rank"
-PHASES = (
-    ("data_wait_s", "data wait"),
-    ("forward_s", "forward"),
-    ("backward_s", "backward"),
-    ("optimizer_s", "optimizer"),
+#: The parts of a step as ``gpulse.report.phases`` defines them (docs/report.md), per interval from
+#: the means of the same fields: backward's compute is the backward phase less the communication
+#: wait it holds, other the step less forward, backward and optimizer. ``fill(0)`` makes an absent
+#: field 0 (a run without phases, or without communication) instead of voiding the difference.
+STEP_PARTS = (
+    ("data_wait", 'mean("data_wait_s")'),
+    ("forward", 'mean("forward_s")'),
+    ("backward", 'mean("backward_s") - mean("comm_s")'),
+    ("comm", 'mean("comm_s")'),
+    ("optimizer", 'mean("optimizer_s")'),
+    ("other", 'mean("step_time_s") - mean("forward_s") - mean("backward_s") - mean("optimizer_s")'),
 )
+BY_TIME_ZERO = "GROUP BY time($__interval) fill(0)"
 #: The ``train_run`` points that can belong to a run shown in the range: those of runs started up to
 #: raw retention before it (older ones are gone from raw; ``train_run`` is not downsampled).
 #: ``<ms> - <duration>`` is duration arithmetic in InfluxQL 1.x and in InfluxDB 3's parser alike
@@ -211,17 +218,21 @@ def build() -> Dashboard:
         "Step time",
         timeseries(
             "Step time by phase",
-            "Host wall time per phase, averaged over the selected ranks and stacked; the line is the whole step. "
-            "A gap between the stack and the line is time outside the instrumented phases.",
+            "The parts of a step (docs/report.md), host wall time averaged over the selected ranks and stacked: "
+            "data wait, forward, backward's compute, the exposed communication wait after it, optimizer, and other "
+            "(the step less the named phases; custom phases count in it). The line is data wait + step.",
             Query(
                 "SELECT "
-                + ", ".join(f'mean("{f}") AS "{name}"' for f, name in PHASES)
-                + f' FROM "train_step" WHERE {WHERE} {BY_TIME}',
+                + ", ".join(f'{expr} AS "{name}"' for name, expr in STEP_PARTS)
+                + f' FROM "train_step" WHERE {WHERE} {BY_TIME_ZERO}',
                 SECONDS,
                 "$col",
             ),
             Query(
-                f'SELECT mean("step_time_s") AS "step" FROM "train_step" WHERE {WHERE} {BY_TIME}', SECONDS, "step time"
+                f'SELECT mean("data_wait_s") + mean("step_time_s") AS "step" FROM "train_step" WHERE {WHERE} '
+                f"{BY_TIME_ZERO}",
+                SECONDS,
+                "step time",
             ),
             min=0,
             stacked=True,

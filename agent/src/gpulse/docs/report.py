@@ -33,6 +33,7 @@ energy and throttling, the GPU events (XID, ECC, lost), and the rules that need 
 | --- | --- |
 | `train_runtime` | run duration, s (from the run's start/end points, else the steps' span) |
 | `train_samples_per_second`, `train_steps_per_second`, `train_tokens_per_second` | totals over all ranks / runtime |
+| `phases_s` | the parts of a step, mean seconds per step over every rank's steps (see below) |
 | `data_loading_time_ratio` | Σ data wait / Σ (data wait + step time), all ranks |
 | `communication_time_ratio` | exposed communication: time steps wait for it after backward's compute, less waiting for slower ranks, / Σ step time (only where it is measured) |
 | `communication_in_flight_ratio` | time any collective was in flight or waited for / Σ step time (DDP comm hook: `attach_ddp`) |
@@ -50,6 +51,30 @@ energy and throttling, the GPU events (XID, ECC, lost), and the rules that need 
 | `host` | the host beside the run's GPUs, from the agent's `host` and `host_process` points: cores free, the training processes' and DataLoader workers' CPU and their shares on a CPU and blocked on disk (null without them); the `data_loading` finding names its case from it |
 | `diagnosis` | findings: `id`, `title`, `evidence` (numbers), `threshold`, `action` |
 | `not_evaluated` | checks skipped for lack of data (e.g. no GPU samples) |
+
+## The parts of a step
+
+One definition, in `gpulse.report.phases`, used by `phases_s`, the text report, the HTML "Step time
+by part" chart and the Training run dashboard's "Step time by phase" panel. A step, as the bars show
+it, is the wait for its batch followed by the step itself (`step_time_s`, from the batch in hand to
+the step's end). Its parts:
+
+| part | from | |
+| --- | --- | --- |
+| `data_wait` | `data_wait_s` | before the step: the training loop blocked on the next batch |
+| `forward` | `forward_s` | |
+| `backward` | `backward_s` − `comm_s` | backward's compute: the backward phase ends when `backward()` returns, after DDP's (or FSDP's) wait for the gradient collectives, so the recorded phase holds that wait |
+| `comm` | `comm_s` | exposed communication: the wait after backward's compute; on a rank that reached the collective first it includes waiting for slower ranks |
+| `optimizer` | `optimizer_s` | |
+| custom | `phase_<name>_s` | each custom phase by its name |
+| `other` | `step_time_s` − the named parts inside the step | what no phase covers (framework work between the phases, logging, ...) |
+
+A part a run does not measure is absent (0 in the sums); without a timed backward phase `comm` is a
+part of its own. The parts inside the step add up to `step_time_s`: when the named parts exceed it
+(overlapping phases, or a wait measured outside the backward phase) the phases were measured
+wrongly, `other` is 0 and `hints` says by how much. The summary's "communication waited for" is
+`comm`'s share of the step, the mean of what the bars show; it splits into
+`communication_time_ratio` (the communication itself) and `wait_for_slower_ranks_ratio`.
 
 A GPU is a run's only when one of its ranks uses it: the `gpu` points tagged `run=<id>` (the agent
 tags the GPUs a run registered), else, over the run's time window, the GPUs its ranks report

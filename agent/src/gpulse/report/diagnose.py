@@ -275,7 +275,7 @@ def data_loading(r: RunReport, t: Thresholds) -> Outcome:
         return None
     wait = (
         f"{_pct(dl)} of step time is spent waiting for the next batch "
-        f"(mean wait {r.phases_s.get('data_wait', 0):.4f} s per step vs {r.step_time_s.mean or 0:.4f} s of compute)."
+        f"(mean wait {r.phases_s.get('data_wait', 0):.4f} s per step vs {r.step_time_s.mean or 0:.4f} s of step after it)."
     )
     threshold = f"data_loading_time_ratio > {t.data_loading_ratio}"
     if r.host is None:
@@ -297,15 +297,16 @@ def data_loading(r: RunReport, t: Thresholds) -> Outcome:
 def communication(r: RunReport, t: Thresholds) -> Outcome:
     cr = r.communication_time_ratio
     if cr is None:
-        return NotEvaluated("no comm_s in the steps" + (f" ({r.hints[0]})" if r.hints else ""))
+        hint = next((h for h in r.hints if "gpulse.training.comm" in h), None)
+        return NotEvaluated("no comm_s in the steps" + (f" ({hint})" if hint else ""))
     if cr <= t.communication_ratio:
         return None
     flight = r.communication_in_flight_ratio
     in_flight = f"; collectives were in flight {_pct(flight)} of it, overlapped or not" if flight is not None else ""
     partial = " This report lacks ranks: part of the wait may be for a slower rank." if r.partial else ""
     return Hit(
-        f"{_pct(cr)} of step time is spent waiting for communication after backward's compute "
-        f"(communication that does not overlap with compute){in_flight}.{partial}",
+        f"{_pct(cr)} of step time is communication itself: the wait for it after backward's compute "
+        f"(communication that does not overlap with compute), less waiting for slower ranks{in_flight}.{partial}",
         f"communication_time_ratio > {t.communication_ratio}",
         {"ratio": cr, "in_flight_ratio": flight},
     )

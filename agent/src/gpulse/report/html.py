@@ -22,7 +22,8 @@ from html import escape
 from typing import Any
 
 from gpulse.report import units
-from gpulse.report.model import GIB, PHASES, gpu_key, group_by, num, rank_key, step_end_ns, step_start_ns
+from gpulse.report.model import GIB, gpu_key, group_by, num, rank_key, step_end_ns, step_start_ns
+from gpulse.report.phases import PARTS, custom_phases, partition, step_share
 from gpulse.report.records import GpuEvent, GpuSummary, NodeReport, RunReport, gpu_order
 from gpulse.report.svg import (
     MAX_LINES,
@@ -86,11 +87,6 @@ def _bins(keys: Sequence[int], limit: int) -> list[list[int]]:
     return [list(keys[i : i + size]) for i in range(0, len(keys), size)]
 
 
-def _mean_field(rows: Sequence[Row], key: str) -> float:
-    xs = [v for v in (num(r, key) for r in rows) if v is not None]
-    return sum(xs) / len(xs) if xs else 0.0
-
-
 @dataclass(frozen=True)
 class _Clock:
     """Row times as x values on the report's time axis."""
@@ -139,32 +135,20 @@ def _gpu_charts(
     return [line_chart(title, [*util, *sm], x_label, "%", legend=legend, markers=markers, events=events, y_max=100.0)]
 
 
-def _phase_chart(steps: Sequence[Row], phases: Mapping[str, float]) -> str | None:
+def _phase_chart(steps: Sequence[Row]) -> str | None:
+    """The parts of each step (:func:`gpulse.report.phases.partition`), mean over ranks, binned."""
     per_step = _by_step(steps)
     if not per_step:
         return None
-    names = [p for p in PHASES if p in phases] + [p for p in phases if p not in PHASES and p != "other"]
-    keys = list(per_step)
-    xs: list[float] = []
-    stacks: dict[str, list[float]] = {n: [] for n in [*names, "other"]}
-    for group in _bins(keys, MAX_BARS):
-        rows = [r for k in group for r in per_step[k]]
-        xs.append(sum(group) / len(group))
-        inside = 0.0
-        for n in names:
-            key = f"{n}_s" if n in PHASES else f"phase_{n}_s"
-            v = _mean_field(rows, key)
-            stacks[n].append(v)
-            if n not in ("data_wait", "comm"):
-                inside += v
-        comm = stacks["comm"][-1] if "comm" in stacks else 0.0
-        if "backward" in stacks:  # the wait for communication is part of backward: shown apart
-            stacks["backward"][-1] = max(0.0, stacks["backward"][-1] - comm)
-            inside -= min(inside, comm)
-        stacks["other"].append(max(0.0, _mean_field(rows, "step_time_s") - inside - comm))
+    custom = custom_phases(steps)
+    bins = _bins(list(per_step), MAX_BARS)
+    xs = [sum(group) / len(group) for group in bins]
+    parts = [partition([r for k in group for r in per_step[k]], custom).parts for group in bins]
+    names = [n for n in [*PARTS, *custom, "other"] if any(n in p for p in parts)]
+    stacks = {n: [p.get(n, 0.0) for p in parts] for n in names}
     colors = [PHASE_COLORS.get(n, PALETTE[(i + 8) % len(PALETTE)]) for i, n in enumerate(stacks)]
     return stacked_bars(
-        "Step time by phase, data wait included (mean over ranks)",
+        "Step time by part, data wait included (mean over ranks; backward is its compute, comm the wait after it)",
         xs,
         [(n, c, v) for (n, v), c in zip(stacks.items(), colors, strict=True) if max(v, default=0.0) > 1e-9],
         "step",
@@ -407,7 +391,8 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
         ("steps per second", units.number(report.train_steps_per_second, 3)),
         ("tokens per second", units.number(report.train_tokens_per_second, 1)),
         ("data loading (share of step time)", units.percent(report.data_loading_time_ratio)),
-        ("communication waited for (share of step time)", units.percent(report.communication_time_ratio)),
+        ("communication waited for (share of step time)", units.percent(step_share(report.phases_s, "comm"))),
+        ("of it communication itself", units.percent(report.communication_time_ratio)),
         ("communication in flight (share of step time)", units.percent(report.communication_in_flight_ratio)),
         ("waiting for slower ranks (share of step time)", units.percent(report.wait_for_slower_ranks_ratio)),
         ("MFU", units.percent(report.mfu)),
@@ -422,7 +407,7 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
     ]  # fmt: skip
     charts = [
         *_gpu_charts(gpu, clock, [*_event_marks(report.gpu_events, clock), *marks], markers),
-        _phase_chart(steps, report.phases_s),
+        _phase_chart(steps),
         _throughput_chart(steps, clock, marks),
         *_memory_charts(steps),
         *many(

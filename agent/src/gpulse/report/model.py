@@ -21,7 +21,8 @@ waiting for the batch. So the data-loading ratio is Σ data wait / Σ (data wait
 reached the collective first it includes waiting for the slower ranks. The rank that waits least
 (on average per step) waits for no one: its wait is the communication itself. So the communication
 ratio counts that wait for every rank's steps, and the rest is ``wait_for_slower_ranks``; a rank's
-own work is its data wait and its step less its wait (the straggler rule compares it). Memory in
+own work is its data wait and its step less its wait (the straggler rule compares it). How a step
+splits into parts (``phases_s``) is :mod:`gpulse.report.phases`'s one definition. Memory in
 GiB (2^30 bytes); energy from the GPU energy counter (or, without it, from power × time).
 """
 
@@ -37,6 +38,7 @@ from typing import Any
 
 from gpulse.report.diagnose import diagnose, resolve_thresholds
 from gpulse.report.host import summarize as summarize_host
+from gpulse.report.phases import excess_hint, partition
 from gpulse.report.records import (
     REPORT_VERSION,
     GpuEvent,
@@ -54,8 +56,6 @@ from gpulse.schema import CLOCK_EVENT_FLAGS, THROTTLE_MASK
 
 Row = Mapping[str, Any]
 GIB = float(2**30)
-#: Standard phases, in the order the HTML stacks them (custom ``phase_<name>_s`` follow).
-PHASES = ("data_wait", "forward", "backward", "optimizer", "comm")
 _THROTTLE_REASONS = tuple(name for bit, name, _ in CLOCK_EVENT_FLAGS if bit & THROTTLE_MASK)
 
 
@@ -192,29 +192,6 @@ def _runtime(window: _Window, steps: Sequence[Row]) -> tuple[float | None, int |
     if runtime is None and start is not None and end is not None and end > start:
         runtime = (end - start) / 1e9
     return runtime, start, end
-
-
-def _phases(steps: Sequence[Row]) -> dict[str, float]:
-    """Mean seconds per step of every phase that appears (data wait, forward, ..., custom ones)."""
-    n = len(steps) or 1
-    out: dict[str, float] = {}
-    for p in PHASES:
-        xs = values(steps, f"{p}_s")
-        if xs:
-            out[p] = sum(xs) / n
-    custom = sorted(
-        {k for r in steps for k in r if k.startswith("phase_") and k.endswith("_s") and not k.endswith("_gpu_s")}
-    )
-    for k in custom:
-        xs = values(steps, k)
-        if xs:
-            out[k[len("phase_") : -2]] = sum(xs) / n
-    step_mean = sum(values(steps, "step_time_s")) / n
-    inside = sum(v for k, v in out.items() if k not in ("data_wait", "comm"))
-    # the wait for communication happens inside backward (DDP waits before backward() returns)
-    outside = 0.0 if "backward" in out else out.get("comm", 0.0)
-    out["other"] = max(0.0, step_mean - inside - outside)
-    return {k: round(v, 6) for k, v in out.items()}
 
 
 @dataclass
@@ -393,7 +370,12 @@ def _coverage(info: RunInfo, reason: str | None) -> str | None:
 
 
 def _hints(info: RunInfo, steps: Sequence[Row]) -> list[str]:
-    """What a distributed run did not measure, and the one call that measures it."""
+    """Phases that do not fit in the step; what a distributed run did not measure, and the call that measures it."""
+    hint = excess_hint(partition(steps)) if steps else None
+    return _comm_hints(info, steps) + ([hint] if hint else [])
+
+
+def _comm_hints(info: RunInfo, steps: Sequence[Row]) -> list[str]:
     if (info.world_size or 1) <= 1:
         return []
     if not values(steps, "comm_s"):
@@ -471,7 +453,7 @@ def build_report(
             p90=_round(_quantile(step_times, 0.9)),
             max=_round(_max(step_times)),
         ),
-        phases_s=_phases(steps) if steps else {},
+        phases_s={k: round(v, 6) for k, v in partition(steps).parts.items()} if steps else {},
         data_loading_time_ratio=_round(_ratio(wait, wait + sum(step_times)), 4) if step_times else None,
         communication_time_ratio=_round(_ratio(exposed, sum(step_times)), 4) if exposed is not None else None,
         communication_in_flight_ratio=_round(_ratio(in_flight, sum(step_times)), 4) if in_flight is not None else None,

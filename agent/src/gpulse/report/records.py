@@ -252,7 +252,8 @@ class RunReport:
     train_steps_per_second: float | None
     train_tokens_per_second: float | None
     step_time_s: StepTimeStats
-    #: mean seconds per step of each phase that appears (data_wait, forward, ..., custom, other)
+    #: mean seconds per step of each part of a step that appears (data_wait, forward, backward's
+    #: compute, comm, optimizer, custom phases, other: :mod:`gpulse.report.phases`)
     phases_s: dict[str, float]
     data_loading_time_ratio: float | None
     #: exposed communication: the step waiting for it after backward's compute (Σ over ranks of the

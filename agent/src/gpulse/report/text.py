@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpulse.report import units
+from gpulse.report.phases import step_share
 from gpulse.report.records import Finding, GpuEvent, GpuSummary, NodeReport, RunReport
 
 
@@ -67,10 +68,13 @@ def render_text(r: RunReport) -> str:
         f"{_fmt(r.train_steps_per_second, ' steps/s', 3)}, {_fmt(r.train_tokens_per_second, ' tokens/s', 1)}",
         f"  step time: mean {_fmt(st.mean, ' s', 4)}, median {_fmt(st.median, ' s', 4)}, "
         f"p90 {_fmt(st.p90, ' s', 4)}, max {_fmt(st.max, ' s', 4)}",
-        f"  data loading {_pct(r.data_loading_time_ratio)}, communication {_pct(r.communication_time_ratio)} "
-        f"(in flight {_pct(r.communication_in_flight_ratio)}), waiting for slower ranks "
-        f"{_pct(r.wait_for_slower_ranks_ratio)}, MFU {_pct(r.mfu)}, {_fmt(r.tflops_per_gpu, ' TFLOP/s per GPU', 1)}",
-        "  phases (mean s/step): " + (", ".join(f"{k} {v:.4f}" for k, v in r.phases_s.items()) or "n/a"),
+        f"  data loading {_pct(r.data_loading_time_ratio)}, communication waited for "
+        f"{_pct(step_share(r.phases_s, 'comm'))} of the step (communication itself "
+        f"{_pct(r.communication_time_ratio)}, waiting for slower ranks {_pct(r.wait_for_slower_ranks_ratio)}; "
+        f"in flight {_pct(r.communication_in_flight_ratio)}), MFU {_pct(r.mfu)}, "
+        f"{_fmt(r.tflops_per_gpu, ' TFLOP/s per GPU', 1)}",
+        "  parts of a step (mean s, see docs/report.md): "
+        + (", ".join(f"{k} {v:.4f}" for k, v in r.phases_s.items()) or "n/a"),
         f"  memory: peak allocated {_fmt(r.gpu_peak_memory_allocated_gb, ' GiB', 2)}, "
         f"reserved {_fmt(r.gpu_peak_memory_reserved_gb, ' GiB', 2)}, "
         f"allocator retries {_fmt(r.alloc_retries)}",

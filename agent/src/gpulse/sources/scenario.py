@@ -45,6 +45,7 @@ GIB = 1 << 30
 COMPUTE_S = 5.4
 SPLIT = {"forward_s": 0.31, "backward_s": 0.61, "optimizer_s": 0.08}
 COMM_S = 0.35  # the all-reduce that does not overlap with backward
+OTHER_S = 0.04  # host work between the timed phases (the loop's own bookkeeping, logging)
 DATA_WAIT_S = 0.05  # healthy: the loader keeps up
 STARVED_DATA_WAIT_S = 8.0  # bottleneck: the loader cannot keep up
 #: How much longer a rank's compute takes while an episode holds its GPU back.
@@ -172,7 +173,8 @@ def training_lines(
     """``train_run``/``train_step``/``train_event`` lines of a synchronous data-parallel run, one rank per GPU.
 
     A step's wall time is the slowest rank's compute plus the data wait and the all-reduce; faster
-    ranks spend the difference waiting in the all-reduce (``comm_s``), as in DDP.
+    ranks spend the difference waiting in the all-reduce (``comm_s``), as in DDP. A rank's step is
+    forward + backward's compute + ``comm_s`` + optimizer + other, the parts of ``gpulse.report.phases``.
     """
     enc = encoder or Encoder()
     rng = random.Random(f"{seed}-train")
@@ -245,8 +247,10 @@ def training_lines(
         data_wait = (STARVED_DATA_WAIT_S if tl.starved(t) else DATA_WAIT_S) * rng.uniform(0.85, 1.15)
         begin = t + int(data_wait * NS)
         compute = [COMPUTE_S * tl.slowdown(begin, r) * rng.uniform(0.98, 1.02) for r in range(world)]
-        # the step itself (after the batch arrived): the slowest rank's compute plus the all-reduce
-        step_time = max(compute) + COMM_S * rng.uniform(0.95, 1.05)
+        # the step itself (after the batch arrived): the slowest rank's compute plus the all-reduce,
+        # and the loop's own work around the phases
+        other = OTHER_S * rng.uniform(0.9, 1.1)
+        step_time = max(compute) + COMM_S * rng.uniform(0.95, 1.05) + other
         end = begin + int(step_time * NS)
         if end >= tl.run_end_ns:
             break
@@ -255,7 +259,7 @@ def training_lines(
         loss = 1.55 + 1.4 * math.exp(-3.5 * progress) + rng.gauss(0, 0.03)
         lr = 3e-4 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
         for r in range(world):
-            comm = step_time - compute[r]  # faster ranks wait for the slowest in the all-reduce
+            comm = step_time - other - compute[r]  # faster ranks wait for the slowest in the all-reduce
             tflops = TOKENS_PER_STEP * FLOPS_PER_TOKEN / step_time / 1e12
             peak_mem = (61.5 + rng.uniform(-0.4, 0.4)) * GIB
             fields: dict[str, object] = {
@@ -282,6 +286,9 @@ def training_lines(
             for name, share in SPLIT.items():
                 fields[name] = compute[r] * share
                 fields[name.replace("_s", "_gpu_s")] = compute[r] * share * 0.97
+            # as the training library records it: the backward phase ends when backward() returns,
+            # after DDP's wait for the all-reduce (gpulse.training.comm), so it holds comm_s too
+            fields["backward_s"] = compute[r] * SPLIT["backward_s"] + comm
             emit(r, "train_step", fields, end)
         t = end
         if pending_eval and t >= pending_eval[0]:

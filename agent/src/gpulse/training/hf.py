@@ -4,9 +4,15 @@ Where each number comes from (transformers' event order: ``on_step_begin`` → f
 per micro-batch → ``on_pre_optimizer_step`` → ``on_optimizer_step`` → ``on_step_end`` → log /
 evaluate / save → next batch fetched → ``on_step_begin``):
 
-* data wait: from the last of ``on_step_end`` / ``on_log`` / ``on_evaluate`` / ``on_save`` to the
-  next ``on_step_begin`` (Trainer fetches the next optimizer step's batches there; evaluation and
-  checkpointing end before their callbacks fire, so they are not counted as data wait);
+* the step: from ``on_step_begin`` until every callback has run its ``on_step_end`` — and its
+  ``on_log`` when the Trainer logs this step (``control.should_log``, set by then). The work a
+  framework does after gpulse's own callback (the progress bar, ms-swift's ``logging.jsonl``, the
+  Trainer's loss gathering for the log) is the step's: a second callback, :class:`_StepTail`,
+  added last to the Trainer's callbacks at ``on_train_begin``, ends the step;
+* data wait: from there (or from the end of ``on_evaluate`` / ``on_save``, also as the last
+  callback) to the next ``on_step_begin``: the Trainer fetches the next optimizer step's batches
+  there and does nothing else (evaluation and checkpointing end before their callbacks fire, so
+  they are neither the step nor data wait);
 * forward / backward: a forward pre-hook and hook on the model mark where forward starts and ends;
   backward runs from there until the next micro-batch's forward, ``on_substep_end`` or
   ``on_pre_optimizer_step`` (so gradient clipping counts as backward);
@@ -50,6 +56,11 @@ class GpulseCallback(TrainerCallback):
         self._samples = None
         self._world = 1
         self._count_tokens = False
+        #: the counts of the step ``on_step_end`` saw, until the step ends
+        self._pending: tuple[Any, Any, Any] | None = None
+        self._pending_logs: dict[str, Any] = {}
+        #: a :class:`_StepTail` ends the steps (set when the tail is added)
+        self._tail = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
@@ -64,10 +75,13 @@ class GpulseCallback(TrainerCallback):
                 if self.run.mfu.needs_model:
                     self.run.watch_model(model)
                 self._hook(model)
+            trainer = _trainer()
+            if trainer is not None and not any(isinstance(c, _StepTail) for c in trainer.callback_handler.callbacks):
+                trainer.add_callback(_StepTail(self))
             if self.run.world_size > 1:
                 from gpulse.training.comm import attach_model
 
-                attach_model(self.run, _wrapped_model(model))
+                attach_model(self.run, getattr(trainer, "model_wrapped", model))
             self._world = max(int(getattr(args, "world_size", 1) or 1), 1)
             self._samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
             mode = getattr(args, "include_num_input_tokens_seen", "no")
@@ -78,6 +92,7 @@ class GpulseCallback(TrainerCallback):
             self._report("hf_train_begin", exc)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.end_pending()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -108,6 +123,8 @@ class GpulseCallback(TrainerCallback):
         run = self.run
         if run is None:
             return
+        if self._pending is not None:  # logging was due but did not come: the step ends here
+            self.end_pending()
         run.begin_step(self._idle_since)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -123,15 +140,27 @@ class GpulseCallback(TrainerCallback):
             self.run.exit_phase()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        run = self.run
-        if run is None:
+        """Take the step's counts; the step ends after the other callbacks (:class:`_StepTail`), or
+        here when there is no tail (the callbacks called by something other than a ``Trainer``)."""
+        if self.run is None:
             return
         tokens = None
         if self._count_tokens:
             seen = state.num_input_tokens_seen or 0
             tokens = (seen - self._tokens_seen) // self._world or None
             self._tokens_seen = seen
-        run.end_step(self._samples, tokens, state.global_step)
+        self._pending = (self._samples, tokens, state.global_step)
+        if not self._tail:
+            self.end_pending()
+
+    def end_pending(self) -> None:
+        """End the step whose counts ``on_step_end`` took (if it is still open); data wait starts now."""
+        if self.run is not None and self._pending is not None:
+            self.run.end_step(*self._pending)
+            self._pending = None
+            if self._pending_logs:
+                self.run.log(**self._pending_logs)
+                self._pending_logs = {}
         self._idle_since = perf_counter_ns()
 
     # -- logs and events ----------------------------------------------------------------------------
@@ -140,7 +169,9 @@ class GpulseCallback(TrainerCallback):
         if run is None or not logs:
             return
         scalars = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if scalars:
+        if self._pending is not None:  # the step is still open: its scalars go with it when it ends
+            self._pending_logs.update(scalars)
+        elif scalars:
             run.log(**scalars)
         self._idle_since = perf_counter_ns()
 
@@ -163,16 +194,41 @@ class GpulseCallback(TrainerCallback):
             logging.getLogger("gpulse.training").warning("gpulse: %s: %s", cause, exc)
 
 
-def _wrapped_model(model: Any) -> Any:
-    """The Trainer's ``model_wrapped`` (DDP, FSDP, ...): callbacks are handed the unwrapped model only,
-    so it is taken from the Trainer that is calling this callback (``on_train_begin``, after wrapping)."""
+class _StepTail(TrainerCallback):
+    """The last of the Trainer's callbacks: ends gpulse's step once every callback has done its
+    step-end work (its ``on_step_end``, and its ``on_log`` when this step is logged), and starts the
+    data wait after evaluation and checkpoints. Callbacks run in list order
+    (``transformers.trainer_callback.CallbackHandler.call_event``), so the one added last runs last."""
+
+    def __init__(self, main: GpulseCallback) -> None:
+        self.main = main
+        main._tail = True
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # DefaultFlowCallback set should_log before: the Trainer logs right after on_step_end
+        if not control.should_log:
+            self.main.end_pending()
+
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.main.end_pending()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.main.end_pending()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.main.end_pending()
+
+
+def _trainer() -> Any:
+    """The ``Trainer`` calling this callback (``on_train_begin``): callbacks are handed neither it nor
+    its ``model_wrapped`` (DDP, FSDP, ...), only the unwrapped model."""
     frame = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if owner is not None and hasattr(owner, "model_wrapped") and hasattr(owner, "callback_handler"):
-            return owner.model_wrapped
+            return owner
         frame = frame.f_back
-    return model
+    return None
 
 
 def _args_summary(args: Any) -> dict[str, Any]:
