@@ -67,21 +67,30 @@ def test_setup_twice_then_the_agent_then_the_doctor(influx3, tmp_path, clean_env
         assert line in doctor.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the demo ends with `gpulse report`, whose InfluxDB 3 reads (report/load.py) and the stand-in's "
-    "InfluxQL for them are issue 29 items 5 and 6, another branch: remove this mark when they land",
-)
 def test_the_demo_writes_downsamples_and_reports(influx3, tmp_path, clean_env):
+    """The demo against InfluxDB 3 writes, downsamples through the plugin's request trigger and reports
+    from the database; that report, and `gpulse report --run` after it, equal the report built from
+    the demo's own recording of the same points."""
     fake = influx3
     assert gpulse(fake, tmp_path, clean_env, "setup").returncode == 0
+    record = tmp_path / "demo.lp"
     demo = gpulse(
         fake, tmp_path, clean_env, "demo", "--hours", "0.5", "--interval", "60", "--gpus", "2",
-        "--out", str(tmp_path / "demo"), timeout=300,
+        "--record", str(record), "--out", str(tmp_path / "demo"), timeout=300,
     )  # fmt: skip
     assert "downsampled the whole window into the 1m and 1h tiers" in demo.stdout, demo.stderr
     assert fake.engine.rows("gpulse/1m", "gpu") and fake.engine.rows("gpulse/1h", "gpu")
     assert demo.returncode == 0, demo.stderr[-3000:]
     report = json.loads((tmp_path / "demo" / "metrics_report.json").read_text())
-    again = gpulse(fake, tmp_path, clean_env, "report", "--run", report["run"]["id"], "--out", str(tmp_path / "again"))
+    run = report["run"]["id"]
+    again = gpulse(fake, tmp_path, clean_env, "report", "--run", run, "--out", str(tmp_path / "again"))
     assert again.returncode == 0, again.stderr
+    from_file = subprocess.run(
+        gpulse_cmd("report", "--run", run, "--from-file", str(record), "--out", str(tmp_path / "file")),
+        env=clean_env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert from_file.returncode == 0, from_file.stderr
+    recorded = json.loads((tmp_path / "file" / "metrics_report.json").read_text())
+    assert report["train_steps"] > 0 and len(report["per_gpu"]) == 2
+    assert report == recorded
+    assert json.loads((tmp_path / "again" / "metrics_report.json").read_text()) == recorded
