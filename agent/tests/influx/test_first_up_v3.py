@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from support.fake_influx_v3 import running
 from support.fixtures import gpulse_cmd
+from support.old_run import NS, run_points
+
+from gpulse.influx.connection import Connection
+from gpulse.influx.setup import downsample_now
+from gpulse.report.load import DAY_NS
 
 TOKEN = "apiv3_the-admin-token"
 MUTATING = ("POST", "PUT", "PATCH", "DELETE")
@@ -67,21 +74,54 @@ def test_setup_twice_then_the_agent_then_the_doctor(influx3, tmp_path, clean_env
         assert line in doctor.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the demo ends with `gpulse report`, whose InfluxDB 3 reads (report/load.py) and the stand-in's "
-    "InfluxQL for them are issue 29 items 5 and 6, another branch: remove this mark when they land",
-)
 def test_the_demo_writes_downsamples_and_reports(influx3, tmp_path, clean_env):
+    """The demo against InfluxDB 3 writes, downsamples through the plugin's request trigger and reports
+    from the database; that report, and `gpulse report --run` after it, equal the report built from
+    the demo's own recording of the same points."""
     fake = influx3
     assert gpulse(fake, tmp_path, clean_env, "setup").returncode == 0
+    record = tmp_path / "demo.lp"
     demo = gpulse(
         fake, tmp_path, clean_env, "demo", "--hours", "0.5", "--interval", "60", "--gpus", "2",
-        "--out", str(tmp_path / "demo"), timeout=300,
+        "--record", str(record), "--out", str(tmp_path / "demo"), timeout=300,
     )  # fmt: skip
     assert "downsampled the whole window into the 1m and 1h tiers" in demo.stdout, demo.stderr
     assert fake.engine.rows("gpulse/1m", "gpu") and fake.engine.rows("gpulse/1h", "gpu")
     assert demo.returncode == 0, demo.stderr[-3000:]
     report = json.loads((tmp_path / "demo" / "metrics_report.json").read_text())
-    again = gpulse(fake, tmp_path, clean_env, "report", "--run", report["run"]["id"], "--out", str(tmp_path / "again"))
+    run = report["run"]["id"]
+    again = gpulse(fake, tmp_path, clean_env, "report", "--run", run, "--out", str(tmp_path / "again"))
     assert again.returncode == 0, again.stderr
+    from_file = subprocess.run(
+        gpulse_cmd("report", "--run", run, "--from-file", str(record), "--out", str(tmp_path / "file")),
+        env=clean_env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert from_file.returncode == 0, from_file.stderr
+    recorded = json.loads((tmp_path / "file" / "metrics_report.json").read_text())
+    assert report["train_steps"] > 0 and len(report["per_gpu"]) == 2
+    assert report == recorded
+    assert json.loads((tmp_path / "again" / "metrics_report.json").read_text()) == recorded
+
+
+def test_a_run_older_than_raw_retention_is_reported_from_the_1m_database(influx3, tmp_path, clean_env):
+    """On 3.x the 1m tier is the database ``gpulse/1m``: `gpulse report --run` finds a run whose raw
+    points are gone there, through ``"gpulse"."1m"."<measurement>"``."""
+    fake = influx3
+    assert gpulse(fake, tmp_path, clean_env, "setup").returncode == 0
+    start = time.time_ns() - 40 * DAY_NS  # older than raw's 30 days
+    req = urllib.request.Request(
+        f"{fake.url}/api/v3/write_lp?db=gpulse&precision=nanosecond",
+        data=run_points("old-run", "node-a", start, 300).encode(),
+        headers={"Authorization": f"Token {TOKEN}"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 204
+    downsample_now(Connection(url=fake.url, api="v3", bucket="gpulse", token=TOKEN), start - 60 * NS, start + 3600 * NS)
+    assert {r["run"] for r in fake.engine.rows("gpulse/1m", "train_step")} == {"old-run"}
+    fake.engine.databases["gpulse"].clear()  # what raw retention leaves (the stand-in does not enforce it)
+    res = gpulse(fake, tmp_path, clean_env, "report", "--run", "old-run", "--json", "--out", str(tmp_path / "old"))
+    assert res.returncode == 0, res.stderr
+    assert "run 'old-run' is no longer in the raw points: read from the 1m tier" in res.stderr
+    report = json.loads((tmp_path / "old" / "metrics_report.json").read_text())
+    assert report["run"]["id"] == "old-run" and {g["gpu"] for g in report["per_gpu"]} == {"0", "1"}
+    assert report["train_steps"] > 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -391,6 +392,91 @@ def test_influxql_reads_the_raw_table_when_from_names_only_a_retention_policy(in
     assert util('SELECT "util" FROM "gpu"', db="gpulse", rp="1h") == [10.0]  # rp= ignored too
     assert util('SELECT * FROM "gpulse"."1h"."gpu"', db="gpulse") == [99.0]  # db.rp -> database gpulse/1h
     assert util('SELECT * FROM "gpu"', db="gpulse/1h") == [99.0]
+
+
+# -- InfluxQL: the statements gpulse report sends (support.influxql_v3) ---------------------------------------
+def influxql(fake: FakeInfluxV3, q: str, db: str = "gpulse") -> dict:
+    """The statement's result object (``series`` or ``error``) from ``/query`` with ``epoch=ns``."""
+    r = call(fake, "GET", "/query", params={"q": q, "db": db, "epoch": "ns"})
+    assert r.status == 200
+    return r.body["results"][0]
+
+
+STEPS = (
+    f"train_step,run=r1,rank=0 step=1i,loss=2.0 {T0}\n"
+    f"train_step,run=r1,rank=1 loss=1.5 {T0 + MINUTE}\n"  # no step field: not a first/last of "step"
+    f"train_step,run=r1,rank=0 step=2i {T0 + 2 * MINUTE}\n"
+    f"train_step,run=r2,rank=0 step=7i {T0 + 3 * MINUTE}\n"
+)
+
+
+def test_first_and_last_answer_the_selected_points_time_and_value(influx3):
+    """P ``selectors_additional_fields_4``: ``time`` is the selected point's, over non-null values."""
+    write(influx3, "/write", STEPS, db="gpulse")
+    where = f"\"run\" = 'r1' AND time >= {T0} AND time < {T0 + 10 * MINUTE}"
+    first = influxql(influx3, f'SELECT first("step") FROM "train_step" WHERE {where}')
+    last = influxql(influx3, f'SELECT last("loss") FROM "train_step" WHERE {where}')
+    assert first["series"] == [{"name": "train_step", "columns": ["time", "first"], "values": [[T0, 1]]}]
+    assert last["series"][0]["values"] == [[T0 + MINUTE, 1.5]]
+    assert influxql(influx3, f'SELECT last("step") FROM "train_step" WHERE {where}')["series"][0]["values"] == [
+        [T0 + 2 * MINUTE, 2]
+    ]
+    # nothing matches: no series (__aggr_count > 0), not a row of nulls
+    assert influxql(influx3, f'SELECT first("step") FROM "train_step" WHERE time >= {T0 + 4 * MINUTE}') == {
+        "statement_id": 0
+    }
+
+
+def test_tag_conditions_and_or_lists_filter_rows_and_an_unknown_tag_matches_nothing(influx3):
+    write(influx3, "/write", STEPS, db="gpulse")
+
+    def steps(cond: str) -> list:
+        series = influxql(influx3, f'SELECT "step" FROM "train_step" WHERE {cond}').get("series", [])
+        return [v[1] for s in series for v in s["values"]]
+
+    assert steps(f"(\"run\" = 'r1' OR \"run\" = 'r2') AND time >= {T0} AND time < {T0 + 10 * MINUTE}") == [1, 2, 7]
+    assert steps(f"\"run\" = 'r2' AND time >= {T0} AND time <= {T0 + 3 * MINUTE}") == [7]
+    assert steps(f"\"run\" = 'r2' AND time >= {T0} AND time < {T0 + 3 * MINUTE}") == []
+    assert steps(f"\"host\" = 'a' AND time >= {T0}") == []  # no such tag: null, so no match
+    star = influxql(influx3, f'SELECT * FROM "train_step" WHERE "rank" = \'1\' AND time >= {T0}')["series"][0]
+    assert star["columns"] == ["time", "loss", "rank", "run", "step"]  # the wildcard: tags and fields by name
+    assert star["values"] == [[T0 + MINUTE, 1.5, "1", "r1", None]]
+
+
+def test_show_tag_values_lists_distinct_values_in_the_range_and_only_the_last_day_without_one(influx3):
+    """P ``metadata_queries__show_tag_values_*``: columns key and value, sorted; the last day by default."""
+    now = time.time_ns()
+    old = now - 3 * 86_400 * 10**9
+    write(
+        influx3, "/write", f'train_run,run=old event="start" {old}\ntrain_run,run=new event="start" {now}', db="gpulse"
+    )
+    ranged = influxql(influx3, f'SHOW TAG VALUES FROM "train_run" WITH KEY = "run" WHERE time >= 0 AND time <= {now}')
+    assert ranged["series"] == [
+        {"name": "train_run", "columns": ["key", "value"], "values": [["run", "new"], ["run", "old"]]}
+    ]
+    assert influxql(influx3, 'SHOW TAG VALUES FROM "train_run" WITH KEY = "run"')["series"][0]["values"] == [
+        ["run", "new"]
+    ]
+    assert "series" not in influxql(influx3, 'SHOW TAG VALUES FROM "train_run" WITH KEY = "host" WHERE time >= 0')
+
+
+def test_a_tier_is_a_database_and_a_missing_one_or_measurement_answers_as_the_server(influx3):
+    """``"db"."rp"."m"`` reads database ``db/rp``; one that does not exist is ``Database X not found`` in
+    band (handler.rs ``plan_query``); a measurement the database lacks gives no series."""
+    write(influx3, "/write", STEPS, db="gpulse/1m")
+    tier = influxql(influx3, f'SELECT last("step") FROM "gpulse"."1m"."train_step" WHERE time >= {T0}')
+    assert tier["series"][0]["values"] == [[T0 + 3 * MINUTE, 7]]
+    assert influxql(influx3, 'SELECT * FROM "gpulse"."1h"."gpu" WHERE time >= 0') == {
+        "statement_id": 0,
+        "error": "Database gpulse/1h not found",
+    }
+    assert influxql(influx3, 'SELECT * FROM "gpulse"."1m"."gpu" WHERE time >= 0') == {"statement_id": 0}
+
+
+def test_a_statement_outside_the_subset_is_an_in_band_error(influx3):
+    write(influx3, "/write", STEPS, db="gpulse")
+    answer = influxql(influx3, 'SELECT mean("step") FROM "train_step" GROUP BY time(1m)')
+    assert "SHOW TAG VALUES and simple SELECTs only" in answer["error"]
 
 
 # -- Parquet files: the 432-file query limit ------------------------------------------------------------------

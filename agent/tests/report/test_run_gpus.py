@@ -25,7 +25,7 @@ from support.waiting import wait_until
 from test_diagnose import SlowDataset, train
 from test_report import T0, S, _write_recording, make_steps
 
-from gpulse.report.load import load_files
+from gpulse.report.load import load_files, run_window
 from gpulse.report.model import build_report
 from gpulse.sources.simulated import SimulatedSource
 
@@ -130,6 +130,20 @@ def test_a_gpu_is_the_runs_when_nvml_lists_a_rank_pid_on_it_or_the_rank_reports_
     assert credited(_run_points(pid, gpus=uuid[1])) == sorted([uuid[1], uuid[2]])  # and the device it reports
     assert credited(_run_points(4242)) == []  # a pid on no GPU: a CPU-only run
     assert credited(_run_points(pid, host="node2"), "node2") == []  # the same pid on another host is not ours
+
+
+def test_samples_tagged_with_the_run_count_only_within_its_window_as_a_database_read_does():
+    """The agent may tag a sample taken after the last step (the run still registered): a database
+    read covers only the run's span, so the recording's report leaves such samples out too."""
+    rows = _simulated_gpu_rows(2, pid_base=100, t0=T0 - 10 * S, seconds=30)
+    tagged = [{**r, "run": "r1"} for r in rows["gpu"]]
+    steps = [{**r, "run": "r1"} for r in make_steps(ranks=1, n=20, step_s=0.2)]
+    runs = _run_points(4242)
+    data = load_files({"gpu": tagged, "train_step": steps, "train_run": runs}, "r1")
+    lo, hi = run_window(steps, runs)
+    inside = [r for r in tagged if lo <= r["time"] <= hi]
+    assert 0 < len(inside) < len(tagged)  # samples before and after the run are tagged too
+    assert sorted(r["time"] for r in data.gpu) == sorted(r["time"] for r in inside)
 
 
 def test_the_report_from_influxdb_credits_the_gpu_nvml_lists_the_rank_pid_on_as_the_recording_does(

@@ -100,12 +100,14 @@ columns left out (arrow's JSON writer). Any other SQL runs on the database's tab
 **InfluxQL** on ``/query`` (``core/iox_v1_query_api/src/handler.rs``; ``iox_query_influxql_rewrite``
 ``resolve_dbrp``): the database is ``"db"."rp"`` in the query as ``db/rp``, else the ``db`` parameter;
 a retention policy without a database (``FROM "1h"."gpu"``) and the ``rp=`` parameter are dropped: the
-raw table is read. The subset answered: ``SHOW DATABASES`` and ``SELECT * | "f"[, ...] FROM
-[["db".]"rp".]"m" [WHERE time >= <ns> AND time < <ns>]`` (integer nanosecond bounds), run as SQL on
-DataFusion (:mod:`support.engine_v3`) and answered as one series ``{"name", "columns", "values"}``:
-``time`` in integer nanoseconds whatever ``epoch`` says, then the table's tag and field columns (no
-``GROUP BY``, no ``tags`` object: not checked against the server's v1 output beyond that shape).
-Errors come back inside ``results`` with 200, as the handler's ``error_statement`` does.
+raw table is read. A database that does not exist is ``Database <db> not found`` (handler
+``plan_query``, ``Error::DatabaseNotFound``). The statements answered are exactly those of
+:mod:`support.influxql_v3` (``SHOW DATABASES``; ``SELECT`` of ``*``, columns, ``first``/``last`` with
+time and tag conditions; ``SHOW TAG VALUES ... WITH KEY``), planned there onto DataFusion SQL and run
+on the stored tables (:mod:`support.engine_v3`); the answer is the 1.x JSON shape, one series
+``{"name", "columns", "values"}`` per statement with ``time`` in integer nanoseconds whatever ``epoch``
+says (gpulse always asks ``epoch=ns``; no ``GROUP BY``, so no ``tags`` object). Errors come back
+inside ``results`` with 200, as the handler's ``error_statement`` does.
 
 **Parquet files and the query file limit** (``influxdb3_write/src/write_buffer/mod.rs``
 ``get_table_chunks``): :meth:`FakeInfluxV3.snapshot` persists what was written since the last one: one
@@ -118,7 +120,8 @@ Where it differs: which lines are refused, and the words of ``error_message``, c
 parser port (:mod:`support.influx_points`), not from IOx's ``influxdb_line_protocol`` crate; line
 numbers count non-blank, non-comment lines; retention
 is not enforced; the processing engine does not run on its own (tests run triggers with
-:mod:`support.engine_v3`); only the InfluxQL subset above is answered (others: an in-band error).
+:mod:`support.engine_v3`); only the InfluxQL subset of :mod:`support.influxql_v3` is answered (others:
+an in-band error); ``epoch`` other than ``ns`` is not honoured.
 """
 
 from __future__ import annotations
@@ -142,6 +145,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import influxql_v3 as influxql
 from .engine_v3 import Engine, QueryError, load_plugin
 from .influx_points import parse_points
 
@@ -338,23 +342,6 @@ def guess_precision(ts: int) -> int:
     """``Precision::guess_precision``: the multiplier for a timestamp of unknown unit."""
     val = abs(ts) // 10**9
     return 10**9 if val < 5 else 10**6 if val < 5_000 else 1000 if val < 5_000_000 else 1
-
-
-# -- InfluxQL subset -----------------------------------------------------------------------------------
-_IDENT = r'(?:"(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z0-9_]*)'
-_SELECT = re.compile(
-    rf"^\s*SELECT\s+(?P<cols>\*|{_IDENT}(?:\s*,\s*{_IDENT})*)\s+FROM\s+(?P<from>{_IDENT}(?:\.{_IDENT}){{0,2}})"
-    r"(?:\s+WHERE\s+time\s*>=\s*(?P<start>-?\d+)\s+AND\s+time\s*<\s*(?P<stop>-?\d+))?\s*;?\s*$",
-    re.IGNORECASE,
-)
-
-
-def _unquote(ident: str) -> str:
-    return ident[1:-1].replace('\\"', '"') if ident.startswith('"') else ident
-
-
-def _split_from(text: str) -> list[str]:
-    return [_unquote(p) for p in re.findall(_IDENT, text)]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -934,35 +921,45 @@ class FakeInfluxV3:
         return Answer(200, {"results": [{"statement_id": 0, **result}]}, {"Content-Type": "application/json"})
 
     def _statement(self, q: str, request_db: str | None) -> dict[str, Any]:
-        if re.fullmatch(r"\s*SHOW\s+DATABASES\s*;?\s*", q, re.IGNORECASE):
+        """One statement of :mod:`support.influxql_v3`'s subset, planned onto DataFusion SQL."""
+        try:
+            st = influxql.parse(q)
+        except influxql.Unsupported as e:
+            raise Refused(400, str(e)) from None
+        if isinstance(st, influxql.ShowDatabases):
             with self._lock:
                 names = sorted(n for n, d in self.databases.items() if not d.deleted)
             return {"series": [{"name": "databases", "columns": ["name"], "values": [[n] for n in names]}]}
-        m = _SELECT.match(q)
-        if m is None:
-            raise Refused(400, f"the stand-in answers SHOW DATABASES and simple SELECTs only: {q}")
-        parts = _split_from(m["from"])
-        measurement = parts[-1]
-        query_db = None
-        if len(parts) == 3:  # resolve_dbrp: "db"."rp" -> db/rp (autogen/default -> db); "rp"."m" alone -> dropped
-            query_db = parts[0] if parts[1] in ("autogen", "default") else f"{parts[0]}/{parts[1]}"
-        db = query_db or request_db
+        db = st.source.database or request_db
         if db is None:
             raise Refused(400, "must specify a 'db' parameter, or provide the database in the InfluxQL query")
-        start, stop = (int(m["start"]), int(m["stop"])) if m["start"] else (None, None)
-        if self.file_count(db, measurement, start, stop) > self.query_file_limit:
-            raise Refused(500, FILE_LIMIT_ERROR.format(self.query_file_limit))
-        cols = "*" if m["cols"] == "*" else ", ".join(f'"{_unquote(c.strip())}"' for c in m["cols"].split(","))
-        where = (
-            f" WHERE time >= to_timestamp_nanos({start}) AND time < to_timestamp_nanos({stop})"
-            if start is not None
-            else ""
-        )
-        select = f'SELECT CAST(time AS BIGINT) AS time, {cols} FROM "{measurement}"{where} ORDER BY 1'
-        table = self.engine.sql(db, select.replace(", *", ", * EXCLUDE (time)"))
-        rows = table.to_pylist()
-        names = table.column_names
-        values = [[r[c] for c in names] for r in rows]
+        measurement = st.source.measurement
+        with self._lock:
+            if db not in self.databases or self.databases[db].deleted:
+                raise Refused(400, f"Database {db} not found")  # handler.rs plan_query: Error::DatabaseNotFound
+            table = self.engine.databases.get(db, {}).get(measurement)
+            if table is None:
+                return {}  # a measurement the database does not have: no series
+            tags, fields = set(table.tags), list(table.types)
+            now = time.time_ns()
+            where = st.where
+            start = where.start_ns if where.has_time or isinstance(st, influxql.Select) else now - influxql.DAY_NS
+            if self.file_count(db, measurement, start, where.stop_ns) > self.query_file_limit:
+                raise Refused(500, FILE_LIMIT_ERROR.format(self.query_file_limit))
+            if isinstance(st, influxql.ShowTagValues):
+                sql = influxql.tag_values_sql(st, tags, fields, now)
+                names = ["key", "value"]
+            else:
+                planned = influxql.select_sql(st, tags, fields)
+                sql, names = planned if planned else (None, [])
+            if sql is None:
+                return {}
+            result = self.engine.sql(db, sql)
+        rows = result.to_pylist()
+        if isinstance(st, influxql.ShowTagValues):
+            values = [[st.key, r["value"]] for r in rows]
+        else:
+            values = [[r[c] for c in names] for r in rows]
         return {"series": [{"name": measurement, "columns": names, "values": values}]} if values else {}
 
 

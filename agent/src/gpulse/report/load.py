@@ -91,12 +91,14 @@ def select_gpu_rows(
 ) -> list[Row]:
     """The run's GPU samples among ``gpu`` rows (see the module docstring)."""
     gpu = list(gpu)
-    tagged = [dict(r) for r in gpu if r.get("run") == run]
-    if tagged:
-        return tagged
     window = run_window(steps, runs)
     if window is None:
         return []
+    # the run's window bounds tagged samples too: a database read covers only the run's span, and
+    # a recording's report must not count the samples taken after its last step that it does not
+    tagged = [dict(r) for r in gpu if r.get("run") == run and window[0] <= int(r.get("time") or 0) <= window[1]]
+    if tagged:
+        return tagged
     lo, hi = window[0] - PROCESS_MARGIN_NS, window[1] + PROCESS_MARGIN_NS
     own = owned_gpus(runs, (p for p in processes if lo <= int(p.get("time") or 0) <= hi))
     return [dict(r) for r in gpu if r.get("uuid") in own and window[0] <= int(r.get("time") or 0) <= window[1]]
