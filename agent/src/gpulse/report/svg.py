@@ -57,25 +57,36 @@ class LegendItem:
 
 
 # -- axes -------------------------------------------------------------------------------------------
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """Round ticks from at most ``lo`` up to at least ``hi`` (so data never leaves the plot)."""
+@dataclass(frozen=True)
+class Ticks:
+    """An axis's tick values, a step of 1, 2 or 5 × 10^n apart, and the decimals that step needs:
+    every label at the same precision (0.002, 0.004, 0.006, never 0.003, 0.005, 0.008, 0.01)."""
+
+    values: list[float]
+    decimals: int
+
+    def label(self, v: float) -> str:
+        return f"{0.0 if v == 0 else v:,.{self.decimals}f}"  # never "-0"
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> Ticks:
+    """Round ticks from at most ``lo`` up to at least ``hi`` (so data never leaves the plot), about ``n`` steps."""
     if not math.isfinite(lo) or not math.isfinite(hi):
-        return [0.0, 1.0]
+        return Ticks([0.0, 1.0], 0)
     if hi <= lo:
         hi = lo + (abs(lo) or 1.0)
     raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    v = math.floor(lo / step) * step
-    ticks = [round(v, 10)]
+    exp = math.floor(math.log10(raw))
+    m = next(m for m in (1, 2, 5, 10) if m * 10**exp >= raw * (1 - 1e-9))
+    if m == 10:
+        m, exp = 1, exp + 1
+    step = m * 10.0**exp
+    decimals = max(0, -exp)
+    first = math.floor(lo / step + 1e-9)
+    ticks = [round(first * step, decimals)]
     while ticks[-1] < hi - step * 1e-9:
-        v += step
-        ticks.append(round(v, 10))
-    return ticks
-
-
-def _fmt_tick(v: float) -> str:
-    return units.number(v, 3)
+        ticks.append(round((first + len(ticks)) * step, decimals))
+    return Ticks(ticks, decimals)
 
 
 @dataclass(frozen=True)
@@ -103,9 +114,10 @@ class _Frame:
             self.x1 = self.x0 + 1.0
         lo = min(ys) if ys else 0.0
         hi = max(ys) if ys else 1.0
-        self.yt = _nice_ticks(min(0.0, lo) if y0 else lo, hi)
-        self.y0, self.y1 = self.yt[0], self.yt[-1]
-        self.xt = [t for t in _nice_ticks(self.x0, self.x1, 6) if self.x0 <= t <= self.x1]
+        self.yt = nice_ticks(min(0.0, lo) if y0 else lo, hi)
+        self.y0, self.y1 = self.yt.values[0], self.yt.values[-1]
+        xt = nice_ticks(self.x0, self.x1, 6)
+        self.xt = Ticks([t for t in xt.values if self.x0 <= t <= self.x1], xt.decimals)
         self.top = top
         self.bottom = top + PLOT_H
 
@@ -124,14 +136,14 @@ class _Frame:
             f'<text x="{(ML + W - MR) / 2}" y="{self.bottom + 32}" class="l" text-anchor="middle">{escape(x_label)}</text>',
             f'<text x="14" y="{mid}" class="l" text-anchor="middle" transform="rotate(-90 14 {mid})">{escape(y_label)}</text>',
         ]
-        for t in self.yt:
+        for t in self.yt.values:
             y = self.py(t)
             out.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" class="g"/>')
-            out.append(f'<text x="{ML - 4}" y="{y + 3:.1f}" class="k" text-anchor="end">{_fmt_tick(t)}</text>')
+            out.append(f'<text x="{ML - 4}" y="{y + 3:.1f}" class="k" text-anchor="end">{self.yt.label(t)}</text>')
         if x_ticks:
-            for t in self.xt:
+            for t in self.xt.values:
                 out.append(
-                    f'<text x="{self.px(t):.1f}" y="{self.bottom + 14}" class="k" text-anchor="middle">{_fmt_tick(t)}</text>'
+                    f'<text x="{self.px(t):.1f}" y="{self.bottom + 14}" class="k" text-anchor="middle">{self.xt.label(t)}</text>'
                 )
         return out
 
@@ -318,16 +330,18 @@ def heat_strip(
         body.append("</g>")
     bottom = top + len(series) * row_h
     axis = _Frame(xs, [0.0], top=0)
-    for t in axis.xt:
+    for t in axis.xt.values:
         x = x_left + (t - axis.x0) / (axis.x1 - axis.x0) * plot_w
-        body.append(f'<text x="{x:.1f}" y="{bottom + 14:.1f}" class="k" text-anchor="middle">{_fmt_tick(t)}</text>')
+        body.append(f'<text x="{x:.1f}" y="{bottom + 14:.1f}" class="k" text-anchor="middle">{axis.xt.label(t)}</text>')
     body.append(
         f'<text x="{x_left + plot_w / 2:.1f}" y="{bottom + 30:.1f}" class="l" text-anchor="middle">{escape(x_label)}</text>'
     )
     scale_y = bottom + 44
     for i in range(11):  # the colour scale
         body.append(f'<rect x="{x_left + i * 30}" y="{scale_y:.1f}" width="30" height="10" fill="{_viridis(i / 10)}"/>')
-    body.append(f'<text x="{x_left - 4}" y="{scale_y + 9:.1f}" class="k" text-anchor="end">{_fmt_tick(lo)}</text>')
+    body.append(
+        f'<text x="{x_left - 4}" y="{scale_y + 9:.1f}" class="k" text-anchor="end">{units.number(lo, 1)}</text>'
+    )
     body.append(f'<text x="{x_left + 334}" y="{scale_y + 9:.1f}" class="k">{units.number(hi, 1)} {escape(unit)}</text>')
     return _svg(body, title, scale_y + 20, "strip")
 
