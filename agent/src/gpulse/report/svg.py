@@ -108,7 +108,10 @@ class TimeAxis:
 class _Frame:
     """Axes for one plot: maps data coordinates to SVG pixels in the plot area."""
 
-    def __init__(self, xs: Sequence[float], ys: Sequence[float], *, top: float, y0: bool = True) -> None:
+    def __init__(
+        self, xs: Sequence[float], ys: Sequence[float], *, top: float, y0: bool = True, width: float = W,
+        plot_h: float = PLOT_H,
+    ) -> None:  # fmt: skip
         self.x0, self.x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
         if self.x1 <= self.x0:
             self.x1 = self.x0 + 1.0
@@ -119,26 +122,27 @@ class _Frame:
         xt = nice_ticks(self.x0, self.x1, 6)
         self.xt = Ticks([t for t in xt.values if self.x0 <= t <= self.x1], xt.decimals)
         self.top = top
-        self.bottom = top + PLOT_H
+        self.width, self.plot_h = width, plot_h
+        self.bottom = top + plot_h
 
     def px(self, x: float) -> float:
-        return ML + (x - self.x0) / (self.x1 - self.x0) * (W - ML - MR)
+        return ML + (x - self.x0) / (self.x1 - self.x0) * (self.width - ML - MR)
 
     def py(self, y: float) -> float:
-        return self.bottom - (y - self.y0) / (self.y1 - self.y0) * PLOT_H
+        return self.bottom - (y - self.y0) / (self.y1 - self.y0) * self.plot_h
 
     def axes(self, x_label: str, y_label: str, x_ticks: bool = True) -> list[str]:
         mid = (self.top + self.bottom) / 2
         out = [
-            f'<rect class="plotarea" x="{ML}" y="{self.top}" width="{W - ML - MR}" height="{PLOT_H}" fill="none"/>',
-            f'<line x1="{ML}" y1="{self.bottom}" x2="{W - MR}" y2="{self.bottom}" class="ax"/>',
+            f'<rect class="plotarea" x="{ML}" y="{self.top}" width="{self.width - ML - MR}" height="{self.plot_h}" fill="none"/>',
+            f'<line x1="{ML}" y1="{self.bottom}" x2="{self.width - MR}" y2="{self.bottom}" class="ax"/>',
             f'<line x1="{ML}" y1="{self.top}" x2="{ML}" y2="{self.bottom}" class="ax"/>',
-            f'<text x="{(ML + W - MR) / 2}" y="{self.bottom + 32}" class="l" text-anchor="middle">{escape(x_label)}</text>',
+            f'<text x="{(ML + self.width - MR) / 2}" y="{self.bottom + 32}" class="l" text-anchor="middle">{escape(x_label)}</text>',
             f'<text x="14" y="{mid}" class="l" text-anchor="middle" transform="rotate(-90 14 {mid})">{escape(y_label)}</text>',
         ]
         for t in self.yt.values:
             y = self.py(t)
-            out.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" class="g"/>')
+            out.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{self.width - MR}" y2="{y:.1f}" class="g"/>')
             out.append(f'<text x="{ML - 4}" y="{y + 3:.1f}" class="k" text-anchor="end">{self.yt.label(t)}</text>')
         if x_ticks:
             for t in self.xt.values:
@@ -152,12 +156,12 @@ def _title(title: str) -> str:
     return f'<text x="{ML}" y="16" class="t">{escape(title)}</text>'
 
 
-def _legend(items: Sequence[LegendItem], y: float) -> tuple[list[str], float]:
+def _legend(items: Sequence[LegendItem], y: float, width: float = W) -> tuple[list[str], float]:
     """Every item, in columns that wrap onto as many rows as needed; returns (svg, height used)."""
     if not items:
         return [], 0.0
     col_w = max(7 * max(len(i.label) for i in items) + 34, 90)
-    cols = max(1, int((W - ML - MR) // col_w))
+    cols = max(1, int((width - ML - MR) // col_w))
     out = ['<g class="legend">']
     for n, item in enumerate(items):
         row, col = divmod(n, cols)
@@ -175,9 +179,9 @@ def _legend(items: Sequence[LegendItem], y: float) -> tuple[list[str], float]:
     return out, rows * LEGEND_ROW + 6
 
 
-def _svg(body: list[str], label: str, height: float, kind: str) -> str:
+def _svg(body: list[str], label: str, height: float, kind: str, width: float = W) -> str:
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height:.0f}" width="{W}" height="{height:.0f}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
         f'role="img" aria-label="{escape(label)}" data-chart="{kind}">' + "".join(body) + "</svg>"
     )
 
@@ -197,7 +201,7 @@ def _event_marks(f: _Frame, events: Sequence[tuple[float, str]]) -> list[str]:
     for x, text in events:
         px, label = f.px(x), text[:24]
         end = px + 6 * len(label) + 4
-        if end <= W and all(end <= a or px >= b for a, b in taken):
+        if end <= f.width and all(end <= a or px >= b for a, b in taken):
             taken.append((px, end))
             labels.append((px, f'<text x="{px + 2:.1f}" y="{f.top - 4}" class="k ev">{escape(label)}</text>'))
     return lines + [text for _, text in sorted(labels)]
@@ -213,11 +217,14 @@ def line_chart(
     markers: Sequence[float] = (),
     events: Sequence[tuple[float, str]] = (),
     y_max: float | None = None,
+    width: float = W,
+    plot_h: float = PLOT_H,
 ) -> str:
-    """Lines, optional step markers (ticks on the x axis) and events; the legend lists every series."""
+    """Lines, optional step markers (ticks on the x axis) and events; the legend lists every series.
+    ``width`` and ``plot_h`` make it smaller: one of a grid of small multiples."""
     xs = [x for s in series for x, _ in s.points] + list(markers) + [x for x, _ in events]
     ys = [y for s in series for _, y in s.points] + ([y_max] if y_max is not None else [])
-    f = _Frame(xs, ys, top=TITLE_H + EVENT_H)
+    f = _Frame(xs, ys, top=TITLE_H + EVENT_H, width=width, plot_h=plot_h)
     body = [_title(title), *f.axes(x_label, y_label)]
     for x in markers:
         body.append(f'<line x1="{f.px(x):.1f}" y1="{f.bottom}" x2="{f.px(x):.1f}" y2="{f.bottom - 6}" class="m"/>')
@@ -232,8 +239,8 @@ def line_chart(
             f'stroke-width="1.5"{dash}><title>{escape(s.label)}</title></polyline>'
         )
     items = legend if legend is not None else [LegendItem(s.label, s.color, s.dashed) for s in series]
-    leg, leg_h = _legend(items, f.bottom + AXIS_H)
-    return _svg(body + leg, title, f.bottom + AXIS_H + leg_h, "lines")
+    leg, leg_h = _legend(items, f.bottom + AXIS_H, width)
+    return _svg(body + leg, title, f.bottom + AXIS_H + leg_h, "lines", width)
 
 
 def _percentile(sorted_xs: Sequence[float], q: float) -> float:
