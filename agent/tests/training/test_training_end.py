@@ -103,3 +103,11 @@ def test_gpulse_report_takes_a_run_id_that_begins_with_a_dash(tmp_path: Path, cl
     doc = json.loads(res.stdout)
     assert (doc["run"]["id"], doc["train_steps"]) == (rid, 12)
     assert doc["train_tokens"] is None and doc["train_samples"] == 48  # tokens were not counted: unknown
+
+
+def test_a_missing_run_id_is_still_said_to_be_missing(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    res = subprocess.run(
+        gpulse_cmd("report", "--run", "--json", "--from-file", str(tmp_path / "none.rec")),
+        env=clean_env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2 and "argument --run: expected one argument" in res.stderr

@@ -70,11 +70,12 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 def glue_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     """``--run -tmp-x`` as ``--run=-tmp-x`` for the ``flags`` whose values may begin with ``-`` (run
-    ids named after an absolute path do): argparse takes such a value for an unknown option."""
+    ids named after an absolute path do): argparse takes such a value for an unknown option. A
+    ``--flag`` after one is not its value (``--run --json`` still says the id is missing)."""
     out: list[str] = []
     glue = False
     for arg in argv:
-        if glue:
+        if glue and not arg.startswith("--"):
             out[-1] += f"={arg}"
             glue = False
         else:
