@@ -92,6 +92,10 @@ EXCEPTIONS = {
         "metrics_report.json is written inside the training process at finish(), from the points the run "
         "kept, by the same report model `gpulse report` uses; it is pure computation, loaded only then"
     ),
+    ("gpulse.training.report", "gpulse.report.text"): (
+        "the summary rank 0 prints at finish() is the report's own text rendering (stdlib only), so the "
+        "terminal and `gpulse report` say a run's numbers the same way"
+    ),
 }
 
 #: What the training process may load, transitively: its own modules, the channel contract and the
@@ -103,6 +107,7 @@ TRAINING_CLOSURE = (
     "gpulse.lineprotocol",
     "gpulse.schema",
     "gpulse.report.model",
+    "gpulse.report.text",
     "gpulse.report.diagnose",
     "gpulse.report.records",
     "gpulse.report.units",

@@ -175,11 +175,13 @@ def _chart(page: dict[str, Any], starts: str) -> list[dict[str, Any]]:
 
 def test_the_node_report_draws_each_gpu_in_each_plot(node_page: dict[str, Any]) -> None:
     charts = node_page["layout"]["charts"]
-    assert [c["label"].split(" (")[0].split(",")[0] for c in charts] == [
-        "GPU utilisation", "GPU memory used", "Power", "Temperature"
-    ]  # fmt: skip
-    for chart in charts:
+    util = [c for c in charts if c["label"].startswith("GPU utilisation")]
+    others = [c for c in charts if c not in util]
+    assert [c["label"].split(" (")[0].split(",")[0] for c in others] == ["GPU memory used", "Power", "Temperature"]
+    for chart in others:
         assert {s["label"] for s in chart["series"]} == {f"GPU {i}" for i in range(8)}, chart["label"]
+    # utilisation: a small plot per GPU (lines near 100 % hide each other)
+    assert [{s["label"] for s in c["series"]} for c in util] == [{f"GPU {i}"} for i in range(8)]
 
 
 def test_no_plot_is_empty_and_a_cpu_only_run_has_no_gpu_plot(page: dict[str, Any], tmp_path_factory) -> None:
@@ -222,9 +224,11 @@ def test_every_gpu_and_rank_is_a_series_inside_its_plot(run_page: dict[str, Any]
     memory = _chart(page, "CUDA memory" if n <= MAX_LINES else "CUDA memory, peak")
     gpu_memory = _chart(page, "GPU memory used")
     if n <= MAX_LINES:
-        assert len(util) == 1 and len(memory) == 1 and len(gpu_memory) == 1
-        labels = [s["label"] for s in util[0]["series"]]
-        assert set(labels) == gpus and len(labels) == 2 * n  # utilisation and SM activity of each GPU
+        assert len(memory) == 1 and len(gpu_memory) == 1
+        # utilisation as small multiples: one plot per GPU, its utilisation and SM activity, in order
+        assert [[s["label"] for s in c["series"]] for c in util] == [[f"GPU {i}"] * 2 for i in range(n)]
+        assert len({(c["box"]["w"], c["box"]["h"]) for c in util}) == 1  # same size, same axes
+        assert len({c["box"]["x"] for c in util}) == 2  # two to a row
         assert {s["label"] for s in memory[0]["series"]} == ranks and len(memory[0]["series"]) == 2 * n
         assert {s["label"] for s in gpu_memory[0]["series"]} == gpus
         for chart in (*util, *memory, *gpu_memory):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import io
 import sys
 import textwrap
 import time
@@ -136,6 +138,25 @@ def test_work_other_callbacks_do_after_gpulse_s_at_the_step_end_is_in_the_step_n
     for p in steps[1:]:
         assert 0.03 < p.fields["data_wait_s"] < SlowEndOfStep.STEP_END_S, p.fields
     assert callback.run.stats()["errors"] == {}
+
+
+def test_the_run_summary_comes_once_after_the_trainers_own(tmp_path: Path) -> None:
+    """The Trainer prints its last log (``train_runtime``, ...) on stdout, gpulse its summary on
+    stderr: read as one stream, the summary comes after it, once."""
+    out = tmp_path / "out"
+    callback = GpulseCallback(socket_path=str(tmp_path / "no-agent.sock"))
+    trainer = Trainer(model=tiny_model(), args=training_args(out), train_dataset=SlowTokens(), callbacks=[callback])
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        trainer.train()
+        callback.run.finish()  # the callback finished the run already: no second summary
+    lines = said.getvalue().splitlines()
+    ours = [i for i, line in enumerate(lines) if line.startswith(f"gpulse: run {callback.run.run_id} finished: ")]
+    assert len(ours) == 1, said.getvalue()
+    trainers = max(i for i, line in enumerate(lines) if "'train_runtime'" in line)
+    assert trainers < ours[0]
+    assert f"{MAX_STEPS} steps in " in lines[ours[0]] and " tokens/s)" in lines[ours[0]]  # tokens counted
+    assert f"  report: {out / 'metrics_report.json'}" in lines[ours[0] :]
 
 
 # -- ms-swift --------------------------------------------------------------------------------------

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -129,3 +133,33 @@ def test_with_gradient_accumulation_a_step_is_an_optimizer_step(
             assert f["data_wait_s"] + f["step_time_s"] == pytest.approx(since, abs=0.01)
     finally:
         agent.close()
+
+
+#: A real fit without an agent, in its own process: what it prints, stdout and stderr in one stream.
+FIT = """
+import sys, torch, pytorch_lightning as pl
+from test_training_lightning import Tiny, SlowPairs
+from gpulse.training.lightning import GpulseLightningCallback
+out = sys.argv[1]
+callback = GpulseLightningCallback(socket_path=out + "/no-agent.sock")
+trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, callbacks=[callback], default_root_dir=out,
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False)
+trainer.fit(Tiny(), torch.utils.data.DataLoader(SlowPairs(), batch_size=8))
+"""
+
+
+def test_the_run_summary_comes_once_after_lightnings_own_last_words(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    here = Path(__file__).parent
+    path = os.pathsep.join([str(here), str(here.parent), clean_env.get("PYTHONPATH", "")])
+    env = {**clean_env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", FIT, str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout
+    lines = res.stdout.splitlines()
+    ours = [i for i, line in enumerate(lines) if re.match(r"gpulse: run Tiny-\S+ finished: 5 steps in ", line)]
+    assert len(ours) == 1, res.stdout
+    stopped = lines.index("`Trainer.fit` stopped: `max_epochs=1` reached.")
+    assert stopped < ours[0]
+    assert f"  report: {tmp_path / 'metrics_report.json'}" in lines[ours[0] :]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,17 +18,38 @@ from support.tmpfs import on_tmpfs
 
 from gpulse.channel.protocol import RECORD_FILE
 from gpulse.training import Run
+from gpulse.training.client import upload_command
+
+
+@pytest.fixture
+def auth_influxdb(tmp_path_factory: pytest.TempPathFactory):
+    """A real InfluxDB 1.x that asks for credentials: the advice must carry them to work."""
+    server = InfluxDB1(tmp_path_factory.mktemp("influxd-auth"), auth=True).start()
+    server.query("CREATE USER admin WITH PASSWORD 'Adm1n-pw' WITH ALL PRIVILEGES")
+    server.query("CREATE DATABASE gpulse", user=("admin", "Adm1n-pw"))
+    yield server
+    server.stop()
 
 
 @pytest.mark.influxdb
 def test_a_short_run_without_an_agent_says_once_at_the_end_where_its_steps_are_and_the_command_works(
-    influxdb: InfluxDB1, clean_env: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    auth_influxdb: InfluxDB1,
+    clean_env: dict[str, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Shorter than the 10 s acknowledgement timeout, such a run used to say nothing at all."""
+    """Shorter than the 10 s acknowledgement timeout, such a run used to say nothing at all; the
+    command it prints names the token file the run's environment names, so it works as printed."""
+    creds = tmp_path / "secrets" / "influx creds"  # a space: the advice quotes what it names
+    creds.parent.mkdir()
+    creds.write_text("admin:Adm1n-pw\n")
+    creds.chmod(0o600)
+    monkeypatch.setenv("GPULSE_TOKEN_FILE", str(creds))
     out = tmp_path / "out"
     sock = tmp_path / "nobody" / "agent.sock"
     with caplog.at_level(logging.WARNING, logger="gpulse.training"):
-        run = Run(name="short", output_dir=out, socket_path=str(sock), write_report=False)
+        run = Run(name="short", output_dir=out, socket_path=str(sock), write_report=False, quiet=True)
         for _ in range(5):
             with run.step(samples=2):
                 pass
@@ -36,14 +58,23 @@ def test_a_short_run_without_an_agent_says_once_at_the_end_where_its_steps_are_a
     assert len(said) == 1, said
     assert said[0] == (
         f"gpulse: run {run.run_id}: 7 points are in {out / RECORD_FILE} (no agent at {sock}: no socket there); "
-        f"`gpulse upload {out / RECORD_FILE}` sends them to the database"
+        f"`gpulse upload {out / RECORD_FILE} --token-file '{creds}'` sends them to the database"
     )
     command = re.search(r"`(gpulse upload [^`]+)`", said[0]).group(1)  # the advice, run as printed
-    env = {**clean_env, "GPULSE_URL": influxdb.url, "GPULSE_API": "v1", "GPULSE_BUCKET": "gpulse"}
-    up = subprocess.run([sys.executable, "-m", *command.split()], env=env, capture_output=True, text=True)
+    env = {**clean_env, "GPULSE_URL": auth_influxdb.url, "GPULSE_API": "v1", "GPULSE_BUCKET": "gpulse"}
+    up = subprocess.run([sys.executable, "-m", *shlex.split(command)], env=env, capture_output=True, text=True)
     assert up.returncode == 0, up.stderr
-    rows = influxdb.rows(f"SELECT step FROM train_step WHERE \"run\" = '{run.run_id}'")
+    rows = auth_influxdb.rows(f"SELECT step FROM train_step WHERE \"run\" = '{run.run_id}'", user=("admin", "Adm1n-pw"))
     assert sorted(r["step"] for r in rows) == [1, 2, 3, 4, 5]
+
+
+def test_without_a_token_file_in_the_environment_the_advice_names_the_compose_stacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GPULSE_TOKEN_FILE", raising=False)
+    assert upload_command("out/gpulse-records.rec") == (
+        "gpulse upload out/gpulse-records.rec --token-file secrets/influxdb-admin-token"
+    )
 
 
 FULL_DISK_RUN = """

@@ -146,6 +146,9 @@ def test_finish_from_atexit_after_the_group_was_destroyed_still_gathers_every_ra
     doc = report_of(tmp_path / "out")
     assert doc["partial"] is False and doc["run"]["ranks"] == [0, 1]
     assert (doc["train_steps"], doc["train_samples"]) == (5, 40)
+    # the run's summary on stderr: once, by rank 0, for both ranks (the report's numbers)
+    said = [line for line in proc.stderr.splitlines() if line.startswith(f"gpulse: run {doc['run']['id']} ")]
+    assert len(said) == 1 and " finished: 5 steps in " in said[0], proc.stderr[-3000:]
 
 
 def test_a_rank_that_never_finishes_makes_rank_0_s_report_partial_after_the_timeout(tmp_path: Path) -> None:
@@ -159,6 +162,7 @@ def test_a_rank_that_never_finishes_makes_rank_0_s_report_partial_after_the_time
     assert doc["partial_reason"] == "rank(s) 1 did not finish within 3 s"
     assert (doc["train_steps"], doc["train_samples"]) == (5, 20)  # rank 0's own, said to be partial
     assert "rank 0 waits up to 3 s for rank(s) 1" in proc.stderr  # it said why it waited
+    assert "  partial: rank(s) 1 did not finish within 3 s" in proc.stderr.splitlines()  # and its summary too
     assert time.monotonic() - t0 < 120
 
 

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creates users: needs 
 PRELOAD = (
     "json, logging, socket, select, struct, errno, sys, argparse, gettext, locale, textwrap, shutil, "
     "gpulse.training, gpulse.training.worker, gpulse.training.identity, gpulse.training.report, "
-    "gpulse.channel.recording, gpulse.report.model, "
+    "gpulse.channel.recording, gpulse.report.model, gpulse.report.text, shlex, "
     "gpulse.cli.main, gpulse.cli.commands.status, gpulse.agent.status_line, gpulse.influx.connection"
 )
 

@@ -68,6 +68,22 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def glue_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """``--run -tmp-x`` as ``--run=-tmp-x`` for the ``flags`` whose values may begin with ``-`` (run
+    ids named after an absolute path do): argparse takes such a value for an unknown option. A
+    ``--flag`` after one is not its value (``--run --json`` still says the id is missing)."""
+    out: list[str] = []
+    glue = False
+    for arg in argv:
+        if glue and not arg.startswith("--"):
+            out[-1] += f"={arg}"
+            glue = False
+        else:
+            out.append(arg)
+            glue = arg in flags
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     top = build_parser()
@@ -90,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     module = command_module(name)
-    args = command_parser(name).parse_args(argv[idx + 1 :])
+    args = command_parser(name).parse_args(glue_values(argv[idx + 1 :], getattr(module, "DASH_VALUES", ())))
     args.verbose = getattr(args, "verbose", False) or glob.verbose
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -6,7 +6,8 @@ stacked by phase, throughput over wall time, CUDA memory per rank, GPU memory, t
 The plots are drawn by :mod:`gpulse.report.svg`; this module chooses what each one shows.
 
 Every plot shows everything it names. Up to :data:`~gpulse.report.svg.MAX_LINES` GPUs or ranks are
-drawn one line each, with a legend under the plot; more (a 64-GPU node) become a percentile band
+drawn one line each, with a legend under the plot (GPU utilisation, from :data:`MULTIPLES_FROM` GPUs
+on, as small multiples: one small plot per GPU, since lines near 100 % hide each other); more (a 64-GPU node) become a percentile band
 (median, 10th-90th, min-max) plus a heat strip with one row per GPU or rank, so an outlier is still
 found by name.
 """
@@ -32,6 +33,7 @@ from gpulse.report.svg import (
     ChartSeries,
     LegendItem,
     TimeAxis,
+    W,
     bar_chart,
     bin_edges,
     line_chart,
@@ -44,6 +46,9 @@ Row = Mapping[str, Any]
 #: Bars (steps, or bins of steps) at most in the step-time chart; step markers at most on a time axis.
 MAX_BARS = 200
 MAX_MARKERS = 200
+#: From this many GPUs on (up to MAX_LINES), utilisation is drawn as small multiples, one plot per GPU.
+MULTIPLES_FROM = 3
+MULTIPLE_PLOT_H = 120
 PHASE_COLORS = {
     "data_wait": "#d62728",
     "forward": "#1f77b4",
@@ -127,12 +132,36 @@ def _gpu_charts(
         if sm:
             out += many("SM activity (%, GPM)", sm, x_label, "%", "%", events=events, y_max=100.0)
         return out
+    if max(len(util), len(sm)) >= MULTIPLES_FROM:
+        return [_gpu_multiples(util, sm, x_label, events, markers)]
     legend = [LegendItem(s.label, s.color) for s in util or sm]
     legend += [LegendItem("utilisation", "#555"), LegendItem("SM activity", "#555", dashed=True)] if util and sm else []
     title = "GPU utilisation (solid) and SM activity (dashed), %" if util and sm else "GPU utilisation, %"
     if markers:
         title += "; ticks: step ends"
     return [line_chart(title, [*util, *sm], x_label, "%", legend=legend, markers=markers, events=events, y_max=100.0)]
+
+
+def _gpu_multiples(
+    util: Sequence[ChartSeries],
+    sm: Sequence[ChartSeries],
+    x_label: str,
+    events: Sequence[tuple[float, str]],
+    markers: Sequence[float],
+) -> str:
+    """Small multiples: one small plot per GPU, on the same axes, two to a row; lines of several GPUs
+    drawn over each other cannot be told apart (they all sit near 100 % or near each other)."""
+    by_gpu: dict[str, list[ChartSeries]] = {}
+    for s in [*util, *sm]:
+        by_gpu.setdefault(s.label, []).append(s)
+    what = "GPU utilisation and SM activity (dashed), %" if util and sm else "GPU utilisation, %"
+    plots = [
+        line_chart(f"{what}: {label}", series, x_label, "%", legend=[LegendItem(label, series[0].color)],
+                   markers=markers, events=events, y_max=100.0, width=W / 2, plot_h=MULTIPLE_PLOT_H)
+        for label, series in by_gpu.items()
+    ]  # fmt: skip
+    note = "one plot per GPU, on the same axes" + ("; ticks on the time axis: step ends" if markers else "")
+    return f'<p class="muted">{escape(what)}: {note}</p><div class="multiples">{"".join(plots)}</div>'
 
 
 def _phase_chart(steps: Sequence[Row]) -> str | None:
@@ -252,7 +281,8 @@ h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bo
 table{border-collapse:collapse;font-size:13px;max-width:100%} .wide{width:100%}
 td,th{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap} th{background:#f5f5f5;white-space:normal}
 td:first-child,th:first-child{text-align:left} td.wrap{white-space:normal;overflow-wrap:anywhere;text-align:left;min-width:8em}
-svg{display:block;margin:14px 0;max-width:100%;height:auto} .t{font-size:14px;font-weight:600} .l{font-size:11px;fill:#444}
+svg{display:block;margin:14px 0;max-width:100%;height:auto}
+.multiples{display:grid;grid-template-columns:1fr 1fr;column-gap:12px} .multiples svg{margin:4px 0} .t{font-size:14px;font-weight:600} .l{font-size:11px;fill:#444}
 .k{font-size:11px;fill:#555} .ax{stroke:#333} .g{stroke:#eee} .m{stroke:#999} .e{stroke:#9467bd;stroke-dasharray:2 2}
 pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:11px}
 """

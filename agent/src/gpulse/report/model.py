@@ -420,6 +420,8 @@ def build_report(
         _rank_amount(by_rank.get(r, []), ends_by_rank.get(r, []), "samples") for r in {*by_rank, *ends_by_rank}
     )
     tokens = sum(_rank_amount(by_rank.get(r, []), ends_by_rank.get(r, []), "tokens") for r in {*by_rank, *ends_by_rank})
+    # no step and no end point carries tokens: not counted, unknown (null), not zero
+    tokens_counted = bool(values(steps, "tokens") or values(ends, "tokens"))
     step_times = values(steps, "step_time_s")
     wait = sum(values(steps, "data_wait_s"))
     comm = _Comm.of(by_rank)
@@ -443,7 +445,7 @@ def build_report(
         train_runtime=_round(runtime, 3),
         train_steps=step_count,
         train_samples=int(samples),
-        train_tokens=int(tokens),
+        train_tokens=int(tokens) if tokens_counted else None,
         train_samples_per_second=_round(samples / runtime, 3) if runtime and samples else None,
         train_steps_per_second=_round(step_count / runtime, 4) if runtime and step_count else None,
         train_tokens_per_second=_round(tokens / runtime, 3) if runtime and tokens else None,

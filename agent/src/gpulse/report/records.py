@@ -247,7 +247,8 @@ class RunReport:
     train_runtime: float | None
     train_steps: int
     train_samples: int
-    train_tokens: int
+    #: ``None`` where no step counted tokens (unknown, not zero)
+    train_tokens: int | None
     train_samples_per_second: float | None
     train_steps_per_second: float | None
     train_tokens_per_second: float | None

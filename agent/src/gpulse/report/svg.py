@@ -57,25 +57,36 @@ class LegendItem:
 
 
 # -- axes -------------------------------------------------------------------------------------------
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """Round ticks from at most ``lo`` up to at least ``hi`` (so data never leaves the plot)."""
+@dataclass(frozen=True)
+class Ticks:
+    """An axis's tick values, a step of 1, 2 or 5 × 10^n apart, and the decimals that step needs:
+    every label at the same precision (0.002, 0.004, 0.006, never 0.003, 0.005, 0.008, 0.01)."""
+
+    values: list[float]
+    decimals: int
+
+    def label(self, v: float) -> str:
+        return f"{0.0 if v == 0 else v:,.{self.decimals}f}"  # never "-0"
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> Ticks:
+    """Round ticks from at most ``lo`` up to at least ``hi`` (so data never leaves the plot), about ``n`` steps."""
     if not math.isfinite(lo) or not math.isfinite(hi):
-        return [0.0, 1.0]
+        return Ticks([0.0, 1.0], 0)
     if hi <= lo:
         hi = lo + (abs(lo) or 1.0)
     raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    v = math.floor(lo / step) * step
-    ticks = [round(v, 10)]
+    exp = math.floor(math.log10(raw))
+    m = next(m for m in (1, 2, 5, 10) if m * 10**exp >= raw * (1 - 1e-9))
+    if m == 10:
+        m, exp = 1, exp + 1
+    step = m * 10.0**exp
+    decimals = max(0, -exp)
+    first = math.floor(lo / step + 1e-9)
+    ticks = [round(first * step, decimals)]
     while ticks[-1] < hi - step * 1e-9:
-        v += step
-        ticks.append(round(v, 10))
-    return ticks
-
-
-def _fmt_tick(v: float) -> str:
-    return units.number(v, 3)
+        ticks.append(round((first + len(ticks)) * step, decimals))
+    return Ticks(ticks, decimals)
 
 
 @dataclass(frozen=True)
@@ -97,41 +108,46 @@ class TimeAxis:
 class _Frame:
     """Axes for one plot: maps data coordinates to SVG pixels in the plot area."""
 
-    def __init__(self, xs: Sequence[float], ys: Sequence[float], *, top: float, y0: bool = True) -> None:
+    def __init__(
+        self, xs: Sequence[float], ys: Sequence[float], *, top: float, y0: bool = True, width: float = W,
+        plot_h: float = PLOT_H,
+    ) -> None:  # fmt: skip
         self.x0, self.x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
         if self.x1 <= self.x0:
             self.x1 = self.x0 + 1.0
         lo = min(ys) if ys else 0.0
         hi = max(ys) if ys else 1.0
-        self.yt = _nice_ticks(min(0.0, lo) if y0 else lo, hi)
-        self.y0, self.y1 = self.yt[0], self.yt[-1]
-        self.xt = [t for t in _nice_ticks(self.x0, self.x1, 6) if self.x0 <= t <= self.x1]
+        self.yt = nice_ticks(min(0.0, lo) if y0 else lo, hi)
+        self.y0, self.y1 = self.yt.values[0], self.yt.values[-1]
+        xt = nice_ticks(self.x0, self.x1, 6)
+        self.xt = Ticks([t for t in xt.values if self.x0 <= t <= self.x1], xt.decimals)
         self.top = top
-        self.bottom = top + PLOT_H
+        self.width, self.plot_h = width, plot_h
+        self.bottom = top + plot_h
 
     def px(self, x: float) -> float:
-        return ML + (x - self.x0) / (self.x1 - self.x0) * (W - ML - MR)
+        return ML + (x - self.x0) / (self.x1 - self.x0) * (self.width - ML - MR)
 
     def py(self, y: float) -> float:
-        return self.bottom - (y - self.y0) / (self.y1 - self.y0) * PLOT_H
+        return self.bottom - (y - self.y0) / (self.y1 - self.y0) * self.plot_h
 
     def axes(self, x_label: str, y_label: str, x_ticks: bool = True) -> list[str]:
         mid = (self.top + self.bottom) / 2
         out = [
-            f'<rect class="plotarea" x="{ML}" y="{self.top}" width="{W - ML - MR}" height="{PLOT_H}" fill="none"/>',
-            f'<line x1="{ML}" y1="{self.bottom}" x2="{W - MR}" y2="{self.bottom}" class="ax"/>',
+            f'<rect class="plotarea" x="{ML}" y="{self.top}" width="{self.width - ML - MR}" height="{self.plot_h}" fill="none"/>',
+            f'<line x1="{ML}" y1="{self.bottom}" x2="{self.width - MR}" y2="{self.bottom}" class="ax"/>',
             f'<line x1="{ML}" y1="{self.top}" x2="{ML}" y2="{self.bottom}" class="ax"/>',
-            f'<text x="{(ML + W - MR) / 2}" y="{self.bottom + 32}" class="l" text-anchor="middle">{escape(x_label)}</text>',
+            f'<text x="{(ML + self.width - MR) / 2}" y="{self.bottom + 32}" class="l" text-anchor="middle">{escape(x_label)}</text>',
             f'<text x="14" y="{mid}" class="l" text-anchor="middle" transform="rotate(-90 14 {mid})">{escape(y_label)}</text>',
         ]
-        for t in self.yt:
+        for t in self.yt.values:
             y = self.py(t)
-            out.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{W - MR}" y2="{y:.1f}" class="g"/>')
-            out.append(f'<text x="{ML - 4}" y="{y + 3:.1f}" class="k" text-anchor="end">{_fmt_tick(t)}</text>')
+            out.append(f'<line x1="{ML}" y1="{y:.1f}" x2="{self.width - MR}" y2="{y:.1f}" class="g"/>')
+            out.append(f'<text x="{ML - 4}" y="{y + 3:.1f}" class="k" text-anchor="end">{self.yt.label(t)}</text>')
         if x_ticks:
-            for t in self.xt:
+            for t in self.xt.values:
                 out.append(
-                    f'<text x="{self.px(t):.1f}" y="{self.bottom + 14}" class="k" text-anchor="middle">{_fmt_tick(t)}</text>'
+                    f'<text x="{self.px(t):.1f}" y="{self.bottom + 14}" class="k" text-anchor="middle">{self.xt.label(t)}</text>'
                 )
         return out
 
@@ -140,12 +156,12 @@ def _title(title: str) -> str:
     return f'<text x="{ML}" y="16" class="t">{escape(title)}</text>'
 
 
-def _legend(items: Sequence[LegendItem], y: float) -> tuple[list[str], float]:
+def _legend(items: Sequence[LegendItem], y: float, width: float = W) -> tuple[list[str], float]:
     """Every item, in columns that wrap onto as many rows as needed; returns (svg, height used)."""
     if not items:
         return [], 0.0
     col_w = max(7 * max(len(i.label) for i in items) + 34, 90)
-    cols = max(1, int((W - ML - MR) // col_w))
+    cols = max(1, int((width - ML - MR) // col_w))
     out = ['<g class="legend">']
     for n, item in enumerate(items):
         row, col = divmod(n, cols)
@@ -163,9 +179,9 @@ def _legend(items: Sequence[LegendItem], y: float) -> tuple[list[str], float]:
     return out, rows * LEGEND_ROW + 6
 
 
-def _svg(body: list[str], label: str, height: float, kind: str) -> str:
+def _svg(body: list[str], label: str, height: float, kind: str, width: float = W) -> str:
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height:.0f}" width="{W}" height="{height:.0f}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
         f'role="img" aria-label="{escape(label)}" data-chart="{kind}">' + "".join(body) + "</svg>"
     )
 
@@ -185,7 +201,7 @@ def _event_marks(f: _Frame, events: Sequence[tuple[float, str]]) -> list[str]:
     for x, text in events:
         px, label = f.px(x), text[:24]
         end = px + 6 * len(label) + 4
-        if end <= W and all(end <= a or px >= b for a, b in taken):
+        if end <= f.width and all(end <= a or px >= b for a, b in taken):
             taken.append((px, end))
             labels.append((px, f'<text x="{px + 2:.1f}" y="{f.top - 4}" class="k ev">{escape(label)}</text>'))
     return lines + [text for _, text in sorted(labels)]
@@ -201,11 +217,14 @@ def line_chart(
     markers: Sequence[float] = (),
     events: Sequence[tuple[float, str]] = (),
     y_max: float | None = None,
+    width: float = W,
+    plot_h: float = PLOT_H,
 ) -> str:
-    """Lines, optional step markers (ticks on the x axis) and events; the legend lists every series."""
+    """Lines, optional step markers (ticks on the x axis) and events; the legend lists every series.
+    ``width`` and ``plot_h`` make it smaller: one of a grid of small multiples."""
     xs = [x for s in series for x, _ in s.points] + list(markers) + [x for x, _ in events]
     ys = [y for s in series for _, y in s.points] + ([y_max] if y_max is not None else [])
-    f = _Frame(xs, ys, top=TITLE_H + EVENT_H)
+    f = _Frame(xs, ys, top=TITLE_H + EVENT_H, width=width, plot_h=plot_h)
     body = [_title(title), *f.axes(x_label, y_label)]
     for x in markers:
         body.append(f'<line x1="{f.px(x):.1f}" y1="{f.bottom}" x2="{f.px(x):.1f}" y2="{f.bottom - 6}" class="m"/>')
@@ -220,8 +239,8 @@ def line_chart(
             f'stroke-width="1.5"{dash}><title>{escape(s.label)}</title></polyline>'
         )
     items = legend if legend is not None else [LegendItem(s.label, s.color, s.dashed) for s in series]
-    leg, leg_h = _legend(items, f.bottom + AXIS_H)
-    return _svg(body + leg, title, f.bottom + AXIS_H + leg_h, "lines")
+    leg, leg_h = _legend(items, f.bottom + AXIS_H, width)
+    return _svg(body + leg, title, f.bottom + AXIS_H + leg_h, "lines", width)
 
 
 def _percentile(sorted_xs: Sequence[float], q: float) -> float:
@@ -318,16 +337,18 @@ def heat_strip(
         body.append("</g>")
     bottom = top + len(series) * row_h
     axis = _Frame(xs, [0.0], top=0)
-    for t in axis.xt:
+    for t in axis.xt.values:
         x = x_left + (t - axis.x0) / (axis.x1 - axis.x0) * plot_w
-        body.append(f'<text x="{x:.1f}" y="{bottom + 14:.1f}" class="k" text-anchor="middle">{_fmt_tick(t)}</text>')
+        body.append(f'<text x="{x:.1f}" y="{bottom + 14:.1f}" class="k" text-anchor="middle">{axis.xt.label(t)}</text>')
     body.append(
         f'<text x="{x_left + plot_w / 2:.1f}" y="{bottom + 30:.1f}" class="l" text-anchor="middle">{escape(x_label)}</text>'
     )
     scale_y = bottom + 44
     for i in range(11):  # the colour scale
         body.append(f'<rect x="{x_left + i * 30}" y="{scale_y:.1f}" width="30" height="10" fill="{_viridis(i / 10)}"/>')
-    body.append(f'<text x="{x_left - 4}" y="{scale_y + 9:.1f}" class="k" text-anchor="end">{_fmt_tick(lo)}</text>')
+    body.append(
+        f'<text x="{x_left - 4}" y="{scale_y + 9:.1f}" class="k" text-anchor="end">{units.number(lo, 1)}</text>'
+    )
     body.append(f'<text x="{x_left + 334}" y="{scale_y + 9:.1f}" class="k">{units.number(hi, 1)} {escape(unit)}</text>')
     return _svg(body, title, scale_y + 20, "strip")
 

@@ -129,3 +129,33 @@ def render_node_text(r: NodeReport) -> str:
         *_events(r.events),
     ]
     return "\n".join(out) + "\n"
+
+
+#: Findings the end-of-run summary names, at most (all of them are in the report it points to).
+SUMMARY_FINDINGS = 4
+
+
+def render_summary(r: RunReport, paths: list[str]) -> str:
+    """What a run prints on stderr as it ends (``Run.finish``): a few lines from the same report as
+    ``metrics_report.json``, so the diagnosis is seen without opening a file."""
+    rates = [
+        _fmt(r.train_steps_per_second, " steps/s", 3),
+        _fmt(r.train_samples_per_second, " samples/s", 2),
+    ] + ([_fmt(r.train_tokens_per_second, " tokens/s", 1)] if r.train_tokens_per_second is not None else [])
+    step_total = sum(r.phases_s.values())
+    went = ", ".join(f"{k} {_pct(v / step_total, 0)}" for k, v in r.phases_s.items() if v >= step_total / 200)
+    out = [
+        f"gpulse: run {r.run.id} {r.run.status}: {units.number(r.train_steps)} steps in "
+        f"{units.duration(r.train_runtime)} ({', '.join(rates)})",
+        f"  time per step {_fmt(step_total, ' s', 4)} (data wait included): {went or 'n/a'}",
+    ]
+    if r.partial:
+        out.append(f"  partial: {r.partial_reason}")
+    if not r.diagnosis:
+        out.append("  no bottleneck found")
+    for i, f in enumerate(r.diagnosis[:SUMMARY_FINDINGS], 1):
+        out += [f"  {i}. {f.title}", f"     action: {f.action}"]
+    if len(r.diagnosis) > SUMMARY_FINDINGS:
+        out.append(f"  ... and {len(r.diagnosis) - SUMMARY_FINDINGS} more finding(s) in the report")
+    out += [f"  report: {p}" for p in paths]
+    return "\n".join(out) + "\n"

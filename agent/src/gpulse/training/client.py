@@ -13,6 +13,7 @@ harmless: same series and timestamp overwrite on upload).
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import time
 from bisect import bisect_right
@@ -312,7 +313,9 @@ class Client:
             return None
         why = self.unreachable or "not acknowledged by the agent in time"
         points = "1 point is" if self.recorded == 1 else f"{self.recorded} points are"
-        return f"{points} in {self.record_path} ({why}); `gpulse upload {self.record_path}` sends them to the database"
+        return (
+            f"{points} in {self.record_path} ({why}); `{upload_command(self.record_path)}` sends them to the database"
+        )
 
     def read_acks(self) -> None:
         endpoint = self.endpoint
@@ -387,3 +390,16 @@ class Client:
             self.recorded += written
             self.dropped += lost
             self.guard.report("record_write", exc, f"{self.record_path}: {lost} points not recorded")
+
+
+#: The token file the upload advice names when the environment names none: the compose stack's.
+DEFAULT_TOKEN_FILE = "secrets/influxdb-admin-token"
+
+
+def upload_command(record_path: str) -> str:
+    """The command that sends a recording to the database, with the token file it needs: the one
+    ``GPULSE_TOKEN_FILE`` names where it is set, else the compose stack's."""
+    import shlex
+
+    token_file = os.environ.get("GPULSE_TOKEN_FILE") or DEFAULT_TOKEN_FILE
+    return f"gpulse upload {shlex.quote(record_path)} --token-file {shlex.quote(token_file)}"

@@ -79,7 +79,9 @@ def env_run_id(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def generate_run_id(name: str | None) -> str:
-    stem = re.sub(r"[^A-Za-z0-9_.\-]", "-", name or "run")[:48]
+    # never a leading "-" (a name that is an absolute path, as ms-swift's, would give one): such an id
+    # reads as an option on a command line (``gpulse report --run -tmp-...``)
+    stem = re.sub(r"[^A-Za-z0-9_.\-]", "-", name or "run").lstrip("-.")[:48] or "run"
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
 
 

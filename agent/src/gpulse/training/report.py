@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gpulse.channel.protocol import FieldShape, StepRows
 
 if TYPE_CHECKING:
+    from gpulse.report.model import RunReport
     from gpulse.training.gather import Gathered
 
 REPORT_FILE = "metrics_report.json"
@@ -110,17 +111,28 @@ class ReportBuffer:
         return [{**tags, **shape.fields(row), "time": row[-1]} for shape, row in zip(shapes, rows, strict=True)]
 
 
-def write_report(buffer: ReportBuffer, output_dir: str, others: Gathered | None = None) -> str:
-    """Build the report from ``buffer`` (with the other ranks' rows in ``others``) and write it to
-    ``output_dir``; returns its path. Raises on failure."""
-    from gpulse.channel.recording import open_private
+def build(buffer: ReportBuffer, others: Gathered | None = None) -> RunReport:
+    """The report of ``buffer``'s points, with the other ranks' rows in ``others``."""
     from gpulse.report.model import build_report
 
     steps, runs, events = buffer.steps, buffer.runs, buffer.events
     if others is not None:
         steps, runs, events = steps + others.steps, runs + others.runs, events + others.events
     reason = others.partial_reason if others is not None else None
-    report = build_report(steps, [], runs, events, None, partial_reason=reason)
+    return build_report(steps, [], runs, events, None, partial_reason=reason)
+
+
+def summary(report: RunReport, paths: list[str]) -> str:
+    """The lines the run prints as it ends (:func:`gpulse.report.text.render_summary`)."""
+    from gpulse.report.text import render_summary
+
+    return render_summary(report, paths)
+
+
+def write_report(report: RunReport, output_dir: str) -> str:
+    """Write ``report`` to ``output_dir``; returns its path. Raises on failure."""
+    from gpulse.channel.recording import open_private
+
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, REPORT_FILE)
     tmp = f"{path}.{os.getpid()}.tmp"

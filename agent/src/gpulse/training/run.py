@@ -7,7 +7,8 @@
   file (:mod:`~gpulse.training.client`);
 * :mod:`~gpulse.training.cuda`: the CUDA device, found without initialising CUDA;
 * :mod:`~gpulse.training.identity`: rank, run id and tags;
-* :mod:`~gpulse.training.report`: ``metrics_report.json`` at ``finish()``.
+* :mod:`~gpulse.training.report`: ``metrics_report.json`` at ``finish()``, and the summary rank 0
+  prints on stderr (``quiet=True`` silences it).
 
 Nothing here raises into the training loop: failures are counted and logged once per cause
 (:class:`~gpulse.training.errors.Guard`).
@@ -67,6 +68,7 @@ class Run:
         gpu_timing: bool = True,
         track_memory: bool = True,
         write_report: bool = True,
+        quiet: bool = False,
         max_report_steps: int = 10_000,
         gather_timeout_s: float = 30.0,
         max_queue: int = MAX_QUEUE,
@@ -103,6 +105,8 @@ class Run:
         self.comm_timer: Any = None
         self.gather_timeout_s = gather_timeout_s
         self._exchange: Any = None
+        #: no summary on stderr at ``finish()`` (rank 0 prints one otherwise)
+        self.quiet = quiet
         self.mfu = Mfu(self.guard, flops_per_token, peak_flops, dtype)
         try:
             self._setup(tags, run_id, model, socket_path, ack_timeout, write_report, max_report_steps,
@@ -255,7 +259,8 @@ class Run:
         self.mfu.set_flops_per_token(value)
 
     def finish(self, status: str | None = None) -> None:
-        """End the run: flush steps, send ``train_run`` end, unregister, write the report. Idempotent."""
+        """End the run: flush steps, send ``train_run`` end, unregister, write the report and (rank 0,
+        unless ``quiet``) print its summary on stderr. Idempotent."""
         if self._finished or os.getpid() != self._pid:
             return
         with self._finish_lock:
@@ -274,13 +279,8 @@ class Run:
                 self.guard.report("finish_timeout", detail="background thread still busy after 30 s")
                 return
             self._say_what_was_lost()
-            if self._write_report:
-                from gpulse.training.report import REPORT_FILE
-
-                try:
-                    self._report()
-                except OSError as exc:  # a full disk, a directory gone: say which file
-                    self.guard.report("report_write", exc, f"{REPORT_FILE} not written to {self.output_dir}")
+            if self._write_report or not self.quiet:
+                self._report()
         except Exception as exc:
             self.guard.report("finish", exc)
         finally:
@@ -292,13 +292,28 @@ class Run:
                 pass
 
     def _report(self) -> None:
-        """Rank 0 writes ``metrics_report.json`` for every rank it can gather; the others hand theirs over."""
-        from gpulse.training.report import write_report
+        """Rank 0 builds the report for every rank it can gather (the others hand theirs over), writes
+        ``metrics_report.json`` and, unless quiet, says on stderr what it found."""
+        from gpulse.training import report
 
         self.report.host = self.client.host
-        if self.world_size <= 1:
-            write_report(self.report, self.output_dir)
+        others = None
+        if self.world_size > 1 and self._write_report:
+            others = self._gather()
+        if self.rank != 0:
             return
+        built = report.build(self.report, others)
+        paths = []
+        if self._write_report:
+            try:
+                paths.append(report.write_report(built, self.output_dir))
+            except OSError as exc:  # a full disk, a directory gone: say which file
+                self.guard.report("report_write", exc, f"{report.REPORT_FILE} not written to {self.output_dir}")
+        if not self.quiet:
+            print(report.summary(built, paths), end="", file=sys.stderr, flush=True)
+
+    def _gather(self) -> Any:
+        """Rank 0: the other ranks' points (:class:`~gpulse.training.gather.Gathered`); the others hand theirs over."""
         from gpulse.training.gather import Gathered, pack, rows_per_rank
 
         exchange = self._join_exchange(announce=False)
@@ -309,17 +324,15 @@ class Run:
                     exchange.hand_over(pack(rows, self.report.runs, self.report.events))
                 except Exception as exc:
                     self.guard.report("gather", exc, "rank 0's metrics_report.json will lack this rank")
-            return
+            return None
         if exchange is None:
-            others = Gathered(
+            return Gathered(
                 partial_reason="no torch.distributed process group to gather the other ranks' points through "
                 "(gpulse uses its key-value store): create the Run after init_process_group"
             )
-        else:
-            import logging
+        import logging
 
-            others = exchange.collect(self.gather_timeout_s, logging.getLogger(LOGGER_NAME).warning)
-        write_report(self.report, self.output_dir, others)
+        return exchange.collect(self.gather_timeout_s, logging.getLogger(LOGGER_NAME).warning)
 
     def __enter__(self) -> Run:
         return self

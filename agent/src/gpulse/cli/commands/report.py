@@ -21,6 +21,8 @@ EXIT_CODES = (
     ExitCode(0, "the report is written"),
     ExitCode(1, "the database could not be read, or it holds no points for the run"),
 )
+#: Flags whose value may begin with ``-`` (a run id named after an absolute path: ``-tmp-out-v0``).
+DASH_VALUES = ("--run",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
