@@ -53,6 +53,8 @@ class ReportBuffer:
         #: samples and tokens of every step so far, kept or thinned out (the run's end point carries them),
         #: added up as rows come, a slice at a time, rather than all kept steps' in Python at ``finish()``
         self._totals = dict.fromkeys(_TOTALS, 0)
+        #: this rank's profiler windows (:class:`~gpulse.training.profiling.Profile`), ``profiles`` in the file
+        self.profiles: list[Any] = []
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
@@ -127,7 +129,9 @@ def write_report(buffer: ReportBuffer, output_dir: str, others: Gathered | None 
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         with open(fd, "w", encoding="utf-8") as fh:
-            json.dump(report.to_json(), fh, indent=2, default=str)
+            json.dump(
+                {**report.to_json(), "profiles": [p.to_json() for p in buffer.profiles]}, fh, indent=2, default=str
+            )
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -29,6 +29,7 @@ from gpulse.training.mfu import Mfu
 from gpulse.training.step import MAX_QUEUE, StepRecorder, TimedLoader
 
 if TYPE_CHECKING:
+    from gpulse.training.profiling import ProfileWindow
     from gpulse.training.worker import Worker
 
 MAX_TEXT = 4096
@@ -73,6 +74,7 @@ class Run:
         max_unacked: int = 10_000,
         max_unacked_bytes: int = 8 << 20,
         tick_s: float = 1.0,
+        profile: bool = True,
     ) -> None:
         self.guard = Guard()
         self._pid = os.getpid()
@@ -104,6 +106,9 @@ class Run:
         self.gather_timeout_s = gather_timeout_s
         self._exchange: Any = None
         self.mfu = Mfu(self.guard, flops_per_token, peak_flops, dtype)
+        #: the automatic profiler window (:mod:`gpulse.training.profiling`), asked for by findings
+        self.profile_window: ProfileWindow | None = None
+        self._profile = profile
         try:
             self._setup(tags, run_id, model, socket_path, ack_timeout, write_report, max_report_steps,
                         max_unacked, max_unacked_bytes, tick_s)  # fmt: skip
@@ -153,6 +158,12 @@ class Run:
         points = PointMaker(self.guard, self.mfu, self.steps.cuda)
         self.worker = Worker(self.steps, self.client, points, self.report, self.tags, self.guard, tick_s)
         self.worker.start(self._pid)
+        from gpulse.training.profiling import ProfileWindow, profiling_enabled
+
+        self.profile_window = ProfileWindow(
+            self.steps, self.guard, self.output_dir, self.rank, enabled=profiling_enabled(self._profile), mark=self.mark
+        )
+        self.report.profiles = self.profile_window.profiles
         if self.world_size > 1:
             self._distributed(model)
         _install_excepthook()
@@ -268,6 +279,8 @@ class Run:
             if not self._enabled:
                 return
             status = status or "finished"
+            if self.profile_window is not None:  # its trace read back, its event queued, before the last flush
+                self.profile_window.close()
             if self.worker is None or not self.worker.finish(
                 lambda: Point("train_run", time.time_ns(), self.tags, self._end_fields(status))
             ):
