@@ -131,6 +131,11 @@ class ProfileWindow:
         self._first_step = 0
         self._reader: threading.Thread | None = None
 
+    @property
+    def busy(self) -> bool:
+        """Whether a window is pending, open, or its trace being read back."""
+        return self._busy
+
     # -- the worker thread ----------------------------------------------------------------------
     def request(self, rule: str, evidence: str) -> bool:
         """Ask for a window for ``rule`` (``evidence``: why); whether one will be recorded.
