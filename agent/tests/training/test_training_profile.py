@@ -139,6 +139,19 @@ def test_a_healthy_run_takes_no_trace_and_adds_no_step_hook(tmp_path: Path) -> N
     assert json.loads((tmp_path / "out" / "metrics_report.json").read_text())["profiles"] == []
 
 
+def test_no_window_while_the_script_profiles_itself(tmp_path: Path) -> None:
+    """A second profiler would end the script's own session: gpulse leaves it alone and says so."""
+    run = run_in(tmp_path)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as own:
+        assert train(run, ("slow_step", "asked while the user's profiler runs")) == [True]
+    assert any(e.name == "aten::mm" for e in own.events())  # the script's profile is whole
+    run.finish()
+    assert run.stats()["steps_sent"] == STEPS
+    assert run.guard.counts.get("profile_user_profiler") == 1
+    assert not run.profile_window.busy and run.steps.step_end_hooks == []  # the next finding may ask again
+    assert not (tmp_path / "out" / PROFILES_DIR).exists()
+
+
 def test_the_dataloader_workers_are_the_processes_children(tmp_path: Path) -> None:
     loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2, num_workers=2, persistent_workers=True)
     it = iter(loader)

@@ -183,6 +183,14 @@ class ProfileWindow:
 
     def _start(self) -> None:
         torch = sys.modules["torch"]
+        if _profiler_running(torch):  # per thread: seen here, on the training thread, not in request()
+            rule, _ = self._request or ("", "")
+            self.guard.report(
+                "profile_user_profiler", detail=f"the script's own profiler is running: no window for {rule}"
+            )
+            self._end()
+            self._release()
+            return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -271,9 +279,9 @@ def pyspy_dump(pid: int) -> str:
     pids = child_pids(pid) or [pid]
     out = []
     for p in pids:
-        try:
+        try:  # --nonblocking: the training process itself is never paused for it
             done = subprocess.run(
-                [exe, "dump", "--pid", str(p)], capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S
+                [exe, "dump", "--nonblocking", "--pid", str(p)], capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             out.append(f"pid {p}: py-spy dump failed: {exc}")
@@ -300,6 +308,14 @@ def child_pids(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return sorted(set(found))
+
+
+def _profiler_running(torch: Any) -> bool:
+    """Whether a profiler runs on this thread already (a second one would end the first's session)."""
+    try:
+        return bool(torch._C._autograd._profiler_enabled())
+    except Exception:  # another torch: without the flag, assume none
+        return False
 
 
 def _dir_bytes(path: str) -> int:
