@@ -174,3 +174,41 @@ def test_a_trace_file_that_is_no_chrome_trace_is_refused(tmp_path: Path) -> None
     bad.write_text('{"events": []}')
     with pytest.raises(ValueError, match="no traceEvents"):
         load_trace(str(bad))
+
+
+def dist_worker(rank: int, world: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(512, 512))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        run = Run(name="ddp-prof", output_dir=out, socket_path=os.path.join(out, f"none{rank}.sock"))
+        for i in range(10):
+            with run.step(samples=4):
+                model(torch.randn(4, 512)).square().mean().backward()  # the all-reduce runs here
+                opt.step()
+                opt.zero_grad()
+            if i == 1:
+                assert run.profile_window.request("straggler", f"rank {rank} asked")
+        run.finish()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_rank_records_its_window_and_rank_0_reports_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A distributed window: each trace carries torch's distributedInfo (its rank, for HTA), its
+    summary counts gloo's time as communication, and rank 0's report lists both ranks' windows."""
+    import torch.multiprocessing as mp
+
+    for var in ("GPULSE_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    mp.spawn(dist_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    profiles = json.loads((out / "metrics_report.json").read_text())["profiles"]
+    assert sorted(p["rank"] for p in profiles) == [0, 1]
+    for p in profiles:
+        trace = load_trace(p["path"])
+        assert trace["distributedInfo"]["rank"] == p["rank"] and trace["distributedInfo"]["backend"] == "gloo"
+        assert p["summary"]["comm_ms"] > 0 and p["summary"]["compute_ms"] > 0

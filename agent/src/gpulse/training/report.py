@@ -56,6 +56,10 @@ class ReportBuffer:
         #: this rank's profiler windows (:class:`~gpulse.training.profiling.Profile`), ``profiles`` in the file
         self.profiles: list[Any] = []
 
+    def profile_rows(self) -> list[dict[str, Any]]:
+        """This rank's profiler windows as ``metrics_report.json`` lists them."""
+        return [p.to_json() for p in self.profiles]
+
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
         (self._runs if measurement == "train_run" else self._events).append({**tags, **fields, "time": ts})
@@ -122,6 +126,7 @@ def write_report(buffer: ReportBuffer, output_dir: str, others: Gathered | None 
     if others is not None:
         steps, runs, events = steps + others.steps, runs + others.runs, events + others.events
     reason = others.partial_reason if others is not None else None
+    profiles = buffer.profile_rows() + (others.profiles if others is not None else [])
     report = build_report(steps, [], runs, events, None, partial_reason=reason)
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, REPORT_FILE)
@@ -129,9 +134,7 @@ def write_report(buffer: ReportBuffer, output_dir: str, others: Gathered | None 
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         with open(fd, "w", encoding="utf-8") as fh:
-            json.dump(
-                {**report.to_json(), "profiles": [p.to_json() for p in buffer.profiles]}, fh, indent=2, default=str
-            )
+            json.dump({**report.to_json(), "profiles": profiles}, fh, indent=2, default=str)
         os.replace(tmp, path)
     except BaseException:
         try:

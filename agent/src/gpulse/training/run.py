@@ -319,7 +319,7 @@ class Run:
             if exchange is not None:
                 rows = self.report.step_rows(rows_per_rank(self.world_size))
                 try:
-                    exchange.hand_over(pack(rows, self.report.runs, self.report.events))
+                    exchange.hand_over(pack(rows, self.report.runs, self.report.events, self.report.profile_rows()))
                 except Exception as exc:
                     self.guard.report("gather", exc, "rank 0's metrics_report.json will lack this rank")
             return

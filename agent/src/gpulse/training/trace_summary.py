@@ -8,7 +8,8 @@ process. Standard library only (``json`` + ``gzip``): this runs inside the train
   (CPU ops nest on their thread); GPU kernels do not nest, their self time is their duration;
 * communication against compute: kernels named like NCCL or gloo (the pattern Holistic Trace
   Analysis classifies as communication, ``hta/common/types.py``) against the other kernels; a trace
-  without kernels (a CPU run) classifies the outermost CPU ops the same way;
+  without kernels (a CPU run) classifies the outermost CPU ops and gloo's annotated collectives the
+  same way, with ``torch.distributed``'s own ops (``c10d::*``) as communication;
 * DataLoader wait: the ranges ``torch.utils.data`` records around each ``__next__`` of its
   iterators (``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``, ...).
 """
@@ -23,6 +24,8 @@ from typing import Any
 
 #: Communication kernels and ops, as HTA names them (plus gloo, the CPU backend).
 COMM_PATTERN = re.compile(r"^nccl|ncclKernel|gloo")
+#: On a CPU run (no kernels): also the CPU side of ``torch.distributed``'s ops (``c10d::allreduce_``, ...).
+CPU_COMM_PATTERN = re.compile(COMM_PATTERN.pattern + r"|^c10d::")
 #: Memory copies and sets: neither communication nor compute (HTA's MEMORY class).
 MEMORY_PATTERN = re.compile(r"^Memcpy|^Memset|^dma")
 #: The range the DataLoader iterator records around each batch it hands over.
@@ -112,12 +115,15 @@ def summarise(trace: dict[str, Any], top_n: int = TOP_N) -> TraceSummary:
     # on a GPU the kernels are where the time goes; on a CPU, the ops
     ranked = sorted(self_us, key=lambda k: (k[1] != ("cuda" if kernels else "cpu"), -self_us[k]))
     top = [TopOp(name, dev, self_us[(name, dev)] / 1000, calls[(name, dev)]) for name, dev in ranked[:top_n]]
-    classified = kernels or _outermost(cpu_ops)
-    comm = sum(e["dur"] for e in classified if COMM_PATTERN.search(str(e["name"])))
+    if kernels:
+        classified, comm_re = kernels, COMM_PATTERN
+    else:  # a CPU run: gloo's collectives run as annotated ranges on its own threads
+        comm_re = CPU_COMM_PATTERN
+        annotated = [e for e in spans if e.get("cat") == "user_annotation" and comm_re.search(str(e["name"]))]
+        classified = _outermost(cpu_ops + annotated)
+    comm = sum(e["dur"] for e in classified if comm_re.search(str(e["name"])))
     compute = sum(
-        e["dur"]
-        for e in classified
-        if not COMM_PATTERN.search(str(e["name"])) and not MEMORY_PATTERN.match(str(e["name"]))
+        e["dur"] for e in classified if not comm_re.search(str(e["name"])) and not MEMORY_PATTERN.match(str(e["name"]))
     )
     wait = sum(e["dur"] for e in spans if DATALOADER_PATTERN.match(str(e.get("name", ""))))
     window = sum(e["dur"] for e in steps)
