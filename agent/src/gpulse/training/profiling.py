@@ -129,6 +129,7 @@ class ProfileWindow:
         self._prof: Any = None
         self._calls = 0
         self._first_step = 0
+        self._exported = False
         self._reader: threading.Thread | None = None
 
     @property
@@ -153,7 +154,7 @@ class ProfileWindow:
                 self.guard.report(
                     "profile_disk_cap",
                     detail=f"{self.dir} holds {used} bytes, the cap is {self.max_bytes}: no profiler window "
-                    f"for {rule}; remove old traces or raise the cap",
+                    f"for {rule}; remove old traces or raise run.profile_window.max_bytes",
                 )
                 return False
             self._busy = True
@@ -173,6 +174,9 @@ class ProfileWindow:
             self._prof.step()
             if self._calls >= WARMUP_STEPS + ACTIVE_STEPS:  # the schedule has saved its trace
                 self._end()
+                if not self._exported:  # torch gave no trace: the next finding may ask again
+                    self.guard.report("profile_window", detail="the profiler saved no trace")
+                    self._release()
         except Exception as exc:
             self.guard.report("profile_window", exc, "profiler window abandoned")
             try:
@@ -196,6 +200,7 @@ class ProfileWindow:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._first_step = self.steps.step_no + 2  # this step ends now; the next one is the warm-up
         self._calls = 0
+        self._exported = False
         prof = torch.profiler.profile(
             activities=activities,
             schedule=torch.profiler.schedule(wait=0, warmup=WARMUP_STEPS, active=ACTIVE_STEPS, repeat=1),
@@ -222,6 +227,7 @@ class ProfileWindow:
         stamp = time.strftime("%Y%m%dT%H%M%S")
         path = os.path.join(self.dir, f"{_safe(rule)}-rank{self.rank}-{stamp}-{os.getpid()}.pt.trace.json.gz")
         prof.export_chrome_trace(path)  # the .gz suffix gzips it
+        self._exported = True
         first = self._first_step + WARMUP_STEPS
         profile = Profile(rule, evidence, self.rank, path, list(range(first, first + ACTIVE_STEPS)))
         self._reader = threading.Thread(target=self._read_back, args=(profile,), name="gpulse-profile", daemon=True)
