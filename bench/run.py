@@ -18,6 +18,7 @@ import bench_host
 import bench_import
 import bench_ingest
 import bench_memory
+import bench_profile
 import bench_sampling
 import bench_step
 from common import QUICK, Table
@@ -31,6 +32,7 @@ SECTIONS = (
     ("6. memory", bench_memory),
     ("7. import", bench_import),
     ("8. host sampling", bench_host),
+    ("9. profiler window", bench_profile),
 )
 KEYS = (
     "encoder_speedup",
@@ -54,6 +56,7 @@ KEYS = (
     "training_import_ms",
     "import_ratio_vs_torch",
     "cycle_cpu_ratio_host_vs_without",
+    "profile_step_ratio_open_vs_closed",
 )
 
 

@@ -38,6 +38,7 @@ KEYS = {
     "training_import_ms",
     "import_ratio_vs_torch",
     "cycle_cpu_ratio_host_vs_without",
+    "profile_step_ratio_open_vs_closed",
 }
 
 

@@ -431,7 +431,7 @@ TRAIN_EVENT = Measurement(
     "Run events (eval, checkpoint, oom, ...) for Grafana annotations.",
     TRAIN_TAGS,
     (
-        _i("kind", "str", "", "event kind: eval, checkpoint, oom, ..."),
+        _i("kind", "str", "", "event kind: eval, checkpoint, oom, profile (a profiler window), ..."),
         _i("text", "str", "", "free text"),
         _i("step", "int", "", "step at which the event happened"),
     ),

@@ -31,6 +31,7 @@ ENV_DOCS = {
     "GPULSE_SOCKET_GROUP": "the agent: same as `--socket-group`; training processes and `gpulse status`: also trust an agent socket of this group",
     "GPULSE_RUN_ID": "training processes: the run id shared by every rank (else TORCHELASTIC_RUN_ID, SLURM_JOB_ID, or rank 0's)",
     "GPULSE_PEAK_FLOPS": "training processes: peak FLOP/s per device for MFU, overriding the built-in table",
+    "GPULSE_PROFILE": "training processes: `0` turns off the automatic profiler window (same as `Run(profile=False)`)",
     "GPULSE_GRAFANA_URL": "`gpulse demo`: the Grafana its printed links point to",
     "GPULSE_GRAFANA_PORT": "`gpulse demo` without `GPULSE_GRAFANA_URL`: Grafana's port on 127.0.0.1 (`.env`)",
     "GPULSE_ALERT_KIND": "the stack's Grafana (`.env`): `webhook` or `slack`, the kind of the gpulse-team alert contact point",

@@ -54,6 +54,12 @@ class ReportBuffer:
         #: samples and tokens of every step so far, kept or thinned out (the run's end point carries them),
         #: added up as rows come, a slice at a time, rather than all kept steps' in Python at ``finish()``
         self._totals = dict.fromkeys(_TOTALS, 0)
+        #: this rank's profiler windows (:class:`~gpulse.training.profiling.Profile`), ``profiles`` in the file
+        self.profiles: list[Any] = []
+
+    def profile_rows(self) -> list[dict[str, Any]]:
+        """This rank's profiler windows as ``metrics_report.json`` lists them."""
+        return [p.to_json() for p in self.profiles]
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
@@ -129,8 +135,14 @@ def summary(report: RunReport, paths: list[str]) -> str:
     return render_summary(report, paths)
 
 
-def write_report(report: RunReport, output_dir: str) -> str:
-    """Write ``report`` to ``output_dir``; returns its path. Raises on failure."""
+def all_profiles(buffer: ReportBuffer, others: Gathered | None = None) -> list[dict[str, Any]]:
+    """The profiler windows of this rank and of the ranks in ``others``, for ``metrics_report.json``."""
+    return buffer.profile_rows() + (others.profiles if others is not None else [])
+
+
+def write_report(report: RunReport, output_dir: str, profiles: list[dict[str, Any]] | None = None) -> str:
+    """Write ``report`` (with the run's profiler windows, ``profiles``) to ``output_dir``; returns its
+    path. Raises on failure."""
     from gpulse.channel.recording import open_private
 
     os.makedirs(output_dir, exist_ok=True)
@@ -139,7 +151,7 @@ def write_report(report: RunReport, output_dir: str) -> str:
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         with open(fd, "w", encoding="utf-8") as fh:
-            json.dump(report.to_json(), fh, indent=2, default=str)
+            json.dump({**report.to_json(), "profiles": profiles or []}, fh, indent=2, default=str)
         os.replace(tmp, path)
     except BaseException:
         try:

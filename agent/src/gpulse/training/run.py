@@ -30,6 +30,7 @@ from gpulse.training.mfu import Mfu
 from gpulse.training.step import MAX_QUEUE, StepRecorder, TimedLoader
 
 if TYPE_CHECKING:
+    from gpulse.training.profiling import ProfileWindow
     from gpulse.training.worker import Worker
 
 MAX_TEXT = 4096
@@ -75,6 +76,7 @@ class Run:
         max_unacked: int = 10_000,
         max_unacked_bytes: int = 8 << 20,
         tick_s: float = 1.0,
+        profile: bool = True,
     ) -> None:
         self.guard = Guard()
         self._pid = os.getpid()
@@ -108,6 +110,9 @@ class Run:
         #: no summary on stderr at ``finish()`` (rank 0 prints one otherwise)
         self.quiet = quiet
         self.mfu = Mfu(self.guard, flops_per_token, peak_flops, dtype)
+        #: the automatic profiler window (:mod:`gpulse.training.profiling`), asked for by findings
+        self.profile_window: ProfileWindow | None = None
+        self._profile = profile
         try:
             self._setup(tags, run_id, model, socket_path, ack_timeout, write_report, max_report_steps,
                         max_unacked, max_unacked_bytes, tick_s)  # fmt: skip
@@ -157,6 +162,12 @@ class Run:
         points = PointMaker(self.guard, self.mfu, self.steps.cuda)
         self.worker = Worker(self.steps, self.client, points, self.report, self.tags, self.guard, tick_s)
         self.worker.start(self._pid)
+        from gpulse.training.profiling import ProfileWindow, profiling_enabled
+
+        self.profile_window = ProfileWindow(
+            self.steps, self.guard, self.output_dir, self.rank, enabled=profiling_enabled(self._profile), mark=self.mark
+        )
+        self.report.profiles = self.profile_window.profiles
         if self.world_size > 1:
             self._distributed(model)
         _install_excepthook()
@@ -273,6 +284,8 @@ class Run:
             if not self._enabled:
                 return
             status = status or "finished"
+            if self.profile_window is not None:  # its trace read back, its event queued, before the last flush
+                self.profile_window.close()
             if self.worker is None or not self.worker.finish(
                 lambda: Point("train_run", time.time_ns(), self.tags, self._end_fields(status))
             ):
@@ -306,7 +319,7 @@ class Run:
         paths = []
         if self._write_report:
             try:
-                paths.append(report.write_report(built, self.output_dir))
+                paths.append(report.write_report(built, self.output_dir, report.all_profiles(self.report, others)))
             except OSError as exc:  # a full disk, a directory gone: say which file
                 self.guard.report("report_write", exc, f"{report.REPORT_FILE} not written to {self.output_dir}")
         if not self.quiet:
@@ -321,7 +334,7 @@ class Run:
             if exchange is not None:
                 rows = self.report.step_rows(rows_per_rank(self.world_size))
                 try:
-                    exchange.hand_over(pack(rows, self.report.runs, self.report.events))
+                    exchange.hand_over(pack(rows, self.report.runs, self.report.events, self.report.profile_rows()))
                 except Exception as exc:
                     self.guard.report("gather", exc, "rank 0's metrics_report.json will lack this rank")
             return None
