@@ -40,6 +40,10 @@ from gpulse.lineprotocol.encode import Encoder
 log = logging.getLogger("gpulse.training_channel")
 
 Submit = Callable[[list[str]], int]
+#: ``observe(measurement, tags, fields, ts)``: sees every accepted ``train_step`` / ``train_run`` point
+Observe = Callable[[str, dict[str, str], dict[str, Any], int], None]
+#: the measurements an observer is shown
+OBSERVED = ("train_step", "train_run")
 
 #: Seconds between checks that registered training processes still exist.
 LIVENESS_INTERVAL_S = 2.0
@@ -76,10 +80,12 @@ class TrainingReceiver:
         group: str | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
         durable: Callable[[], int] | None = None,
+        observe: Observe | None = None,
         now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         """``submit(lines) -> ticket`` is ``Delivery.submit``; ``durable()`` returns the highest durable
-        ticket (default: ``submit.__self__.durable_upto`` when ``submit`` is a Delivery's bound method).
+        ticket (default: ``submit.__self__.durable_upto`` when ``submit`` is a Delivery's bound method);
+        ``observe`` is shown each accepted training step and run point (the agent's rolling findings).
         """
         self.path = path
         self.host = host
@@ -91,6 +97,7 @@ class TrainingReceiver:
             if owner is not None and hasattr(owner, "durable_upto"):
                 durable = lambda: owner.durable_upto  # noqa: E731
         self._durable = durable
+        self._observe = observe
         self._now_ns = now_ns
         self._validator = Validator(host)
         self._encoder = Encoder()
@@ -254,6 +261,7 @@ class TrainingReceiver:
                 if line is not None:
                     lines.append(line)
                 self._note_start(raw, msg)
+                self._show(raw, msg)
             elif not self._register(msg):
                 if msg.seq is not None:
                     max_seq = max(max_seq, msg.seq)  # rejected, and acked like any rejected message
@@ -408,6 +416,15 @@ class TrainingReceiver:
             self._started.discard(key)
         elif msg.fields.get("event") == "start" and len(self._started) < MAX_REGISTRATIONS:
             self._started.add(key)
+
+    def _show(self, raw: Any, msg: CheckedPoint) -> None:
+        """Hand a training point to the observer; its failure is counted, never the channel's."""
+        if self._observe is None or msg.series.measurement not in OBSERVED:
+            return
+        try:
+            self._observe(msg.series.measurement, {**raw["tags"], "host": self.host}, msg.fields, msg.ts)
+        except Exception as e:
+            self._count_once("observe_failed", repr(e))
 
     def gpu_runs(self) -> dict[str, str]:
         """GPU uuid -> run id for the GPUs of registered, live training processes."""
