@@ -446,7 +446,8 @@ TRAIN_FINDING = Measurement(
     "diagnosis over the run's recent steps on its node (`gpulse.report.live`); Grafana annotations and alerts.",
     ("host", "run", "rule"),
     (
-        _i("state", "str", "", "raised or cleared"),
+        _i("state", "str", "", "raised, cleared, or ended (the run ended while the finding was open)"),
+        _i("open", "int", "", "1 at a raise, 0 at a clear or end (what alerts read)"),
         _i("title", "str", "", "the rule's title"),
         _i("evidence", "str", "", "what the window showed, with numbers (at the raise, or the last time it held)"),
         _i("action", "str", "", "what to do about it"),

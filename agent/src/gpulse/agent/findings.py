@@ -4,8 +4,9 @@ The training channel hands every accepted ``train_step`` and ``train_run`` point
 (its reader thread), and the sampling loop its ``host`` and ``host_process`` points; the agent's sampling loop calls :meth:`LiveFindings.evaluate` once per cycle, which
 runs the rules at most every ``every_s`` per run, off both the training processes and the channel thread.
 Here every rank of the node is seen, so ``rank_imbalance`` can be judged across them. A run's state is
-dropped at its end point (its ``metrics_report.json`` holds the final diagnosis) or after
-:data:`IDLE_RUN_S` without a step.
+dropped at its end point (the first rank's; its ``metrics_report.json`` holds the final diagnosis)
+or after :data:`IDLE_RUN_S` without a step, and its open findings are then written as ``ended``, so
+that alerts on them resolve.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class LiveFindings:
         self._runs: dict[str, RollingFindings] = {}
         self._seen_ns: dict[str, int] = {}
         self._lock = threading.Lock()
+        #: findings closed by their run's end, written at the next evaluation
+        self._ended: list[LiveFinding] = []
 
     def observe(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """A checked point of the training channel (steps fill the run's window, an end point ends it)
@@ -64,12 +67,18 @@ class LiveFindings:
         with self._lock:
             idle = [r for r, seen in self._seen_ns.items() if now_ns - seen > IDLE_RUN_S * 1e9]
             for run in idle:
-                del self._runs[run], self._seen_ns[run]
-            engines = list(self._runs.values())
-            changes = [c for e in engines for c in e.evaluate(now_ns)]
+                self._end(run, now_ns)
+            changes, self._ended = self._ended, []
+            changes += [c for e in self._runs.values() for c in e.evaluate(now_ns)]
         for c in changes:
             log.log(logging.WARNING if c.state is FindingState.RAISED else logging.INFO, "finding: %s", c.line())
         return changes
+
+    def _end(self, run: str, ts: int) -> None:
+        engine = self._runs.pop(run, None)
+        self._seen_ns.pop(run, None)
+        if engine is not None:
+            self._ended += engine.end(ts)
 
     def open(self) -> dict[str, list[dict[str, Any]]]:
         """Run id -> its open findings (JSON form), for ``gpulse status``."""

@@ -35,6 +35,8 @@ from gpulse.report.records import Finding
 class FindingState(enum.Enum):
     RAISED = "raised"
     CLEARED = "cleared"
+    #: the run ended while the finding was open (its final diagnosis is in ``metrics_report.json``)
+    ENDED = "ended"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class LiveFinding:
         """The ``train_finding`` point's fields (``gpulse.schema.TRAIN_FINDING``)."""
         return {
             "state": self.state.value,
+            "open": int(self.state is FindingState.RAISED),
             "title": self.title,
             "evidence": self.evidence,
             "action": self.action,
@@ -90,8 +93,8 @@ class LiveFinding:
 
     def line(self) -> str:
         """One line for the agent's log and ``gpulse status``."""
-        if self.state is FindingState.CLEARED:
-            return f"run {self.run}: {self.rule} cleared (held steps {self.first_step}-{self.last_step})"
+        if self.state is not FindingState.RAISED:
+            return f"run {self.run}: {self.rule} {self.state.value} (held steps {self.first_step}-{self.last_step})"
         return f"run {self.run}: {self.rule} raised at step {self.last_step}: {self.evidence} Action: {self.action}"
 
 
@@ -196,6 +199,12 @@ class RollingFindings:
                 changes.append(replace(raised, state=FindingState.CLEARED, time_ns=now_ns))
         order = list(hits) + sorted(set(self._tracks) - set(hits))
         return sorted(changes, key=lambda f: order.index(f.rule))
+
+    def end(self, now_ns: int) -> list[LiveFinding]:
+        """The run ended: each open finding closes (state ``ended``)."""
+        closed = [replace(f, state=FindingState.ENDED, time_ns=now_ns) for f in self.open]
+        self._tracks.clear()
+        return closed
 
     def _diagnosis(self, steps: list[Row], host: list[Row], procs: list[Row]) -> list[Finding]:
         return build_report(steps, [], [], [], self.thresholds, host=host, host_process=procs).diagnosis
