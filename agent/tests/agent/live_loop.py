@@ -50,7 +50,7 @@ def loader_loop(out: Path, socket: str, steps: int, slow_from: int, slow_until: 
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     items = Items()
-    run = Run(name="live-loader", output_dir=out, socket_path=socket, write_report=False)
+    run = Run(name="live-loader", output_dir=out, socket_path=socket)
     batches = iter(run.wrap_loader(torch.utils.data.DataLoader(items, batch_size=BATCH, num_workers=0)))
     truth: dict = {"run": run.run_id}
     for step in range(steps):

@@ -4,10 +4,11 @@ The agent (``gpulse agent --record``, short windows) receives a real loop's step
 training channel (``live_loop.py``, its own process, the real training library). Ground truth comes
 from around the loop: the wall-clock time at which its ``Dataset.__getitem__`` turned slow and fast
 again, or a rank began to straggle. The raises and clears are read from the agent's recording
-(``train_finding`` points) and, while the run is going, from ``gpulse status --json``. Each test
+(``train_finding`` points), while the run is going from ``gpulse status --json``, and from the
+run's own ``metrics_report.json`` (``live_findings``, told by the agent). Each test
 prints the times of the change and of the raise/clear.
 
-The window is 20 steps or 1.5 s, whichever holds more; "within two windows" is judged in seconds
+The window is 30 steps or 2.5 s, whichever holds more; "within two windows" is judged in seconds
 against twice the longer of the two at the pace the loop measured after the change, plus the time
 steps take to reach the agent (the training worker sends once a second) and one evaluation and one
 sampling interval of the agent (when the evaluation can next run).
@@ -31,7 +32,7 @@ from gpulse.report.load import read_points
 
 HERE = Path(__file__).parent
 TESTS = HERE.parent
-WINDOW_STEPS, WINDOW_S, EVERY_S, INTERVAL_S = 20, 1.5, 0.25, 0.2
+WINDOW_STEPS, WINDOW_S, EVERY_S, INTERVAL_S = 30, 2.5, 0.25, 0.2
 #: the training library's worker sends its steps once a second (``Run(tick_s=1.0)``, the default)
 TICK_S = 1.0
 
@@ -104,7 +105,7 @@ def show(what: str, change_ns: int, at_ns: int) -> None:
 def test_a_run_turning_data_bound_raises_data_loading_live_and_clears_after(
     tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
-    findings, (truth,), watch, log = run_beside_agent(tmp_path, clean_env, "shift", "360", "80", "200")
+    findings, (truth,), watch, log = run_beside_agent(tmp_path, clean_env, "shift", "500", "80", "200")
     states = [(f["rule"], f["state"]) for f in findings]
     assert states == [("data_loading", "raised"), ("data_loading", "cleared")], states
     raised, cleared = findings
@@ -118,6 +119,11 @@ def test_a_run_turning_data_bound_raises_data_loading_live_and_clears_after(
     assert any(truth["change_ns"] < t < truth["back_ns"] + 4e9 and r == truth["run"] for t, r, _ in watch.seen)
     assert any("data_loading since step" in t for t in watch.text)
     assert "data_loading raised at step" in log and "data_loading cleared" in log
+    # the run heard of it from the agent and lists it, with the steps it held, in metrics_report.json
+    (entry,) = json.loads((tmp_path / "out" / "metrics_report.json").read_text())["live_findings"]
+    assert entry["rule"] == "data_loading" and entry["state"] == "cleared"
+    assert (entry["first_step"], entry["last_step"]) == (cleared["first_step"], cleared["last_step"])
+    assert 80 <= entry["first_step"] < entry["last_step"] <= 200 + 2 * WINDOW_STEPS and entry["action"]
 
 
 def test_a_healthy_run_raises_nothing(tmp_path: Path, clean_env: dict[str, str]) -> None:

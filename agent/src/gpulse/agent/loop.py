@@ -453,6 +453,8 @@ class Agent:
         """The ``train_finding`` points of the rolling findings raised or cleared now (logged by them)."""
         out = []
         for f in self.findings.evaluate(time.time_ns()):
+            if self.receiver is not None:
+                self.receiver.tell(f.run, {**f.as_dict(), "host": self.cfg.host})  # for its metrics_report.json
             series = self.encoder.series("train_finding", {"host": self.cfg.host, "run": f.run, "rule": f.rule})
             text = self.encoder.line(series, f.fields(), f.time_ns)
             if text is not None:

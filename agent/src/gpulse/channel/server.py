@@ -68,6 +68,8 @@ class _Client:
     #: a submit of this client's points failed: acks are cumulative, so none may be sent any more
     #: (the client records its unacknowledged points to its file; duplicates are harmless)
     broken: bool = False
+    #: the run whose points this client sends (its rolling findings are told to it)
+    run: str | None = None
 
 
 class TrainingReceiver:
@@ -243,6 +245,7 @@ class TrainingReceiver:
         now_ns = self._now_ns()
         lines: list[str] = []
         max_seq = -1
+        run: str | None = None
         for raw in messages:
             try:
                 msg = self._validator.message(raw, now_ns)
@@ -262,6 +265,7 @@ class TrainingReceiver:
                     lines.append(line)
                 self._note_start(raw, msg)
                 self._show(raw, msg)
+                run = msg.run
             elif not self._register(msg):
                 if msg.seq is not None:
                     max_seq = max(max_seq, msg.seq)  # rejected, and acked like any rejected message
@@ -271,6 +275,8 @@ class TrainingReceiver:
                 max_seq = max(max_seq, msg.seq)
         self._note_dropped_values()
         client = self._client(addr) if addr else None
+        if client is not None and run is not None:
+            client.run = run
         ticket = client.last_ticket if client else self._max_ticket
         if lines:
             try:
@@ -335,7 +341,17 @@ class TrainingReceiver:
         for addr in gone:
             self._clients.pop(addr, None)
 
-    def _send(self, addr: Any, message: protocol.Ack | protocol.StatusReply) -> bool:
+    def tell(self, run: str, finding: dict[str, Any]) -> int:
+        """Send a finding of ``run`` to each client that sends that run's points; how many were told.
+
+        Called from the agent's loop: ``sendto`` on a datagram socket is safe beside the reader thread."""
+        told = 0
+        for addr, c in list(self._clients.items()):
+            if c.run == run and self._send(addr, protocol.FindingNote(finding)):
+                told += 1
+        return told
+
+    def _send(self, addr: Any, message: protocol.Ack | protocol.StatusReply | protocol.FindingNote) -> bool:
         """Send to a client without blocking; ``False`` when the client is gone (its address is unbound)."""
         if self._sock is None:
             return False

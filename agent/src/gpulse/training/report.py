@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from gpulse.training.gather import Gathered
 
 REPORT_FILE = "metrics_report.json"
+#: Rolling findings kept for the report (each raise is one entry, updated by its clear or end).
+MAX_LIVE_FINDINGS = 256
 #: Step fields the run's totals add up (also over the steps thinned out of the report).
 _TOTALS = ("samples", "tokens")
 
@@ -53,10 +55,26 @@ class ReportBuffer:
         #: samples and tokens of every step so far, kept or thinned out (the run's end point carries them),
         #: added up as rows come, a slice at a time, rather than all kept steps' in Python at ``finish()``
         self._totals = dict.fromkeys(_TOTALS, 0)
+        #: (rule, first step) -> the agent's latest word on that finding (``live_findings``)
+        self._findings: dict[tuple[str, int], dict[str, Any]] = {}
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
         (self._runs if measurement == "train_run" else self._events).append({**tags, **fields, "time": ts})
+
+    def add_finding(self, finding: Mapping[str, Any]) -> None:
+        """A rolling finding the agent told this run about: its raise opens an entry, its clear or end
+        updates it (the last step it held, its state)."""
+        key = (str(finding.get("rule")), int(finding.get("first_step") or 0))
+        if key in self._findings or len(self._findings) < MAX_LIVE_FINDINGS:
+            self._findings[key] = {**self._findings.get(key, {}), **finding}
+
+    @property
+    def live_findings(self) -> list[dict[str, Any]]:
+        """Each finding raised while the run was going: rule, state, first and last step it held,
+        evidence, action, and when it was raised or last changed."""
+        keys = ("rule", "state", "first_step", "last_step", "evidence", "action", "threshold", "time_ns", "host")
+        return [{k: f.get(k) for k in keys} for f in self._findings.values()]
 
     @property
     def runs(self) -> list[dict[str, Any]]:
@@ -127,7 +145,7 @@ def write_report(buffer: ReportBuffer, output_dir: str, others: Gathered | None 
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         with open(fd, "w", encoding="utf-8") as fh:
-            json.dump(report.to_json(), fh, indent=2, default=str)
+            json.dump({**report.to_json(), "live_findings": buffer.live_findings}, fh, indent=2, default=str)
         os.replace(tmp, path)
     except BaseException:
         try:
