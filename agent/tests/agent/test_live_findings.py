@@ -124,6 +124,7 @@ def test_a_run_turning_data_bound_raises_data_loading_live_and_clears_after(
     assert entry["rule"] == "data_loading" and entry["state"] == "cleared"
     assert (entry["first_step"], entry["last_step"]) == (cleared["first_step"], cleared["last_step"])
     assert 80 <= entry["first_step"] < entry["last_step"] <= 200 + 2 * WINDOW_STEPS and entry["action"]
+    assert truth["profile_requests"] == ["data_loading"]  # the raise asked for the profiler window, once
 
 
 def test_a_healthy_run_raises_nothing(tmp_path: Path, clean_env: dict[str, str]) -> None:
