@@ -127,3 +127,18 @@ def test_the_point_fields_follow_the_schema() -> None:
 def test_a_window_too_small_is_refused() -> None:
     with pytest.raises(ValueError, match="live window"):
         LiveWindow(steps=1)
+
+
+def test_a_lull_shorter_than_half_a_window_does_not_clear_an_open_finding() -> None:
+    engine = RollingFindings("r1", WINDOW)
+    lull = range(200, 200 + WINDOW.steps // 2)
+    changes = drive(engine, range(1, 400), lambda s: [step_row(s, wait=0.001 if s in lull or s < 100 else 0.2)])
+    assert [(c.rule, c.state) for _, c in changes] == [("data_loading", FindingState.RAISED)]
+
+
+def test_a_run_that_ends_closes_its_open_findings_as_ended() -> None:
+    engine = RollingFindings("r1", WINDOW)
+    drive(engine, range(1, 300), data_bound_between(100, 10_000))
+    (ended,) = engine.end(301 * STEP_NS)
+    assert ended.state is FindingState.ENDED and ended.fields()["open"] == 0 and ended.rule == "data_loading"
+    assert engine.open == []

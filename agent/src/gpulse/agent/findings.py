@@ -51,8 +51,7 @@ class LiveFindings:
                 if run in self._runs:
                     self._runs[run].add_host(measurement, {"time": ts, **tags, **fields})
             elif measurement == "train_run" and fields.get("event") == "end":
-                self._runs.pop(run, None)
-                self._seen_ns.pop(run, None)
+                self._end(run, ts)
             elif measurement == "train_step":
                 engine = self._runs.get(run)
                 if engine is None:
