@@ -142,3 +142,17 @@ def test_a_run_that_ends_closes_its_open_findings_as_ended() -> None:
     (ended,) = engine.end(301 * STEP_NS)
     assert ended.state is FindingState.ENDED and ended.fields()["open"] == 0 and ended.rule == "data_loading"
     assert engine.open == []
+
+
+def test_the_gpu_rules_read_the_run_s_gpu_rows_beside_its_steps() -> None:
+    """A GPU the run registered sits idle from step 100: ``gpu_starved`` is raised live."""
+    engine = RollingFindings("r1", WINDOW)
+
+    def rows(s: int) -> list[dict]:
+        gpu = {"time": s * STEP_NS, "host": "n1", "gpu": "0", "uuid": "GPU-a", "model": "H100"}
+        engine.add_beside("gpu", {**gpu, "util_gpu_pct": 5.0 if s >= 100 else 95.0})
+        return [step_row(s)]
+
+    changes = drive(engine, range(1, 200), rows)
+    assert [(c.rule, c.state) for _, c in changes] == [("gpu_starved", FindingState.RAISED)]
+    assert 100 < changes[0][0] <= 100 + 2 * WINDOW.steps and "busy 5%" in changes[0][1].evidence

@@ -1,7 +1,8 @@
 """The agent's rolling findings: one :class:`~gpulse.report.live.RollingFindings` per run on this node.
 
 The training channel hands every accepted ``train_step`` and ``train_run`` point to :meth:`LiveFindings.observe`
-(its reader thread), and the sampling loop its ``host`` and ``host_process`` points; the agent's sampling loop calls :meth:`LiveFindings.evaluate` once per cycle, which
+(its reader thread), and the sampling loop its ``host`` and ``host_process`` points and the ``gpu``
+points of the GPUs each run registered; the agent's sampling loop calls :meth:`LiveFindings.evaluate` once per cycle, which
 runs the rules at most every ``every_s`` per run, off both the training processes and the channel thread.
 Here every rank of the node is seen, so ``rank_imbalance`` can be judged across them. A run's state is
 dropped at its end point (the first rank's; its ``metrics_report.json`` holds the final diagnosis)
@@ -39,17 +40,18 @@ class LiveFindings:
 
     def observe(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """A checked point of the training channel (steps fill the run's window, an end point ends it)
-        or the agent's own ``host`` / ``host_process`` point (the host beside the steps)."""
+        or the agent's own ``host`` / ``host_process`` point (the host beside the steps), or a ``gpu`` point of
+        a GPU the run registered."""
         run = tags.get("run")
         with self._lock:
             if measurement == "host":
                 for engine in self._runs.values():
-                    engine.add_host(measurement, {"time": ts, **tags, **fields})
+                    engine.add_beside(measurement, {"time": ts, **tags, **fields})
             elif not run:
                 return
-            elif measurement == "host_process":
+            elif measurement in ("host_process", "gpu"):
                 if run in self._runs:
-                    self._runs[run].add_host(measurement, {"time": ts, **tags, **fields})
+                    self._runs[run].add_beside(measurement, {"time": ts, **tags, **fields})
             elif measurement == "train_run" and fields.get("event") == "end":
                 self._end(run, ts)
             elif measurement == "train_step":

@@ -182,6 +182,8 @@ class Agent:
         # per-GPU series, rebuilt when GPUs or run registrations change
         self._gpus: list[GpuIdentity] = []
         self._runs: dict[str, str] = {}
+        #: indexes of the GPUs a registered run uses
+        self._run_gpus: set[int] = set()
         self._runs_version = -1
         self._series: dict[int, dict[str, Series]] = {}
         self._base_tags: dict[int, dict[str, dict[str, str]]] = {}
@@ -442,6 +444,8 @@ class Agent:
             if text is not None:
                 lines.append(text)
                 points[r.measurement] = points.get(r.measurement, 0) + 1
+            if r.measurement == "gpu" and r.gpu in self._run_gpus:  # a run's GPU: its rolling findings read it
+                self.findings.observe("gpu", self._base_tags[r.gpu]["gpu"], r.fields, r.ts_ns)
         if self.host_sampler is not None:
             lines += self._host_lines(ts)
         lines += self._finding_lines()
@@ -518,6 +522,7 @@ class Agent:
             self._runs_version = self.receiver.runs_version
             runs = dict(self.receiver.gpu_runs())
         self._runs = runs
+        self._run_gpus = {g.index for g in self._gpus if g.uuid in runs}
         host = self.cfg.host
         self._series, self._base_tags = {}, {}
         for g in self._gpus:

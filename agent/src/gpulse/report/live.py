@@ -120,8 +120,9 @@ class RollingFindings:
         self.window = window
         self.thresholds = dict(thresholds or {})
         self._rows: deque[Row] = deque()
-        #: the agent's ``host`` and ``host_process`` rows over the same span (the data-loading case)
-        self._host: dict[str, deque[Row]] = {"host": deque(), "host_process": deque()}
+        #: the agent's ``host``, ``host_process`` and the run's ``gpu`` rows over the same span (the
+        #: data-loading case, the GPU rules)
+        self._host: dict[str, deque[Row]] = {"host": deque(), "host_process": deque(), "gpu": deque()}
         self._tracks: dict[str, _Track] = {}
         self._last_eval_ns = 0
         self.last_step = 0
@@ -133,8 +134,8 @@ class RollingFindings:
         if step is not None:
             self.last_step = max(self.last_step, int(step))
 
-    def add_host(self, measurement: str, row: Row) -> None:
-        """A ``host`` or ``host_process`` row of the run's node, kept as long as the steps beside it."""
+    def add_beside(self, measurement: str, row: Row) -> None:
+        """A ``host``, ``host_process`` or ``gpu`` row of the run's node, kept as long as the steps beside it."""
         self._host[measurement].append(row)
 
     def _trim(self, now_ns: int) -> None:
@@ -162,11 +163,12 @@ class RollingFindings:
         if not self._rows:
             return []
         rows = list(self._rows)
-        host, procs = list(self._host["host"]), list(self._host["host_process"])
-        hits = {f.id: f for f in self._diagnosis(rows, host, procs)}
-        mid = (int(rows[0].get("time") or 0) + max(int(r.get("time") or 0) for r in rows)) // 2
-        newer = [r for r in rows if int(r.get("time") or 0) >= mid]
-        recent = {f.id for f in self._diagnosis(newer, host, procs)}
+        host, procs, gpu = (list(self._host[m]) for m in ("host", "host_process", "gpu"))
+        hits = {f.id: f for f in self._diagnosis(rows, gpu, host, procs)}
+        times = [int(r.get("time") or 0) for r in rows]
+        mid = (min(times) + max(times)) // 2
+        newer = [r for r, t in zip(rows, times, strict=True) if t >= mid]
+        recent = {f.id for f in self._diagnosis(newer, [g for g in gpu if int(g["time"]) >= mid], host, procs)}
         hits = {rule_id: f for rule_id, f in hits.items() if rule_id in recent}
         span_ns = round(self.window.seconds * 1e9)
         changes: list[LiveFinding] = []
@@ -206,5 +208,5 @@ class RollingFindings:
         self._tracks.clear()
         return closed
 
-    def _diagnosis(self, steps: list[Row], host: list[Row], procs: list[Row]) -> list[Finding]:
-        return build_report(steps, [], [], [], self.thresholds, host=host, host_process=procs).diagnosis
+    def _diagnosis(self, steps: list[Row], gpu: list[Row], host: list[Row], procs: list[Row]) -> list[Finding]:
+        return build_report(steps, gpu, [], [], self.thresholds, host=host, host_process=procs).diagnosis
