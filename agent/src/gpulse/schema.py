@@ -440,6 +440,26 @@ TRAIN_EVENT = Measurement(
     downsampled=False,
 )
 
+TRAIN_FINDING = Measurement(
+    "train_finding",
+    "A diagnosis rule (docs/report.md) raised or cleared while the run is going, by the agent's rolling "
+    "diagnosis over the run's recent steps on its node (`gpulse.report.live`); Grafana annotations and alerts.",
+    ("host", "run", "rule"),
+    (
+        _i("state", "str", "", "raised, cleared, or ended (the run ended while the finding was open)"),
+        _i("open", "int", "", "1 at a raise, 0 at a clear or end (what alerts read)"),
+        _i("title", "str", "", "the rule's title"),
+        _i("evidence", "str", "", "what the window showed, with numbers (at the raise, or the last time it held)"),
+        _i("action", "str", "", "what to do about it"),
+        _i("threshold", "str", "", "the threshold the window crossed"),
+        _i("first_step", "int", "", "the step at which the rule first held"),
+        _i("last_step", "int", "", "the last step at which the rule held"),
+        _i("window_steps", "int", "count", "steps (of all ranks on the node) in the window judged"),
+    ),
+    open_fields=r"figure_[a-z0-9_]{1,48}",
+    downsampled=False,
+)
+
 HOST = Measurement(
     "host",
     "The node beside the GPUs, every sampling cycle (`gpulse.sources.host`): CPU, memory, disks, network. "
@@ -522,6 +542,7 @@ MEASUREMENTS: dict[str, Measurement] = {
         TRAIN_STEP,
         TRAIN_RUN,
         TRAIN_EVENT,
+        TRAIN_FINDING,
         HOST,
         HOST_PROCESS,
     )

@@ -28,9 +28,11 @@ REQUIRED = {
     "gpulse-gpu-ecc-uncorrected",
     "gpulse-agent-silent",
     "gpulse-agent-spool-growing",
+    "gpulse-run-finding",
 }
-#: Rules about events that must notify at once; every other rule waits before firing.
-IMMEDIATE = {"gpulse-gpu-xid", "gpulse-gpu-ecc-uncorrected"}
+#: Rules about events that must notify at once; every other rule waits before firing. A run's
+#: finding has waited already: the agent raises it only after its rule held for a whole window.
+IMMEDIATE = {"gpulse-gpu-xid", "gpulse-gpu-ecc-uncorrected", "gpulse-run-finding"}
 
 
 def _doc(repo_root: Path) -> dict[str, Any]:
@@ -147,7 +149,7 @@ def render_template(text: str, labels: dict[str, str], values: dict[str, float])
 def test_summary_and_description_say_what_was_measured(rule: dict[str, Any]) -> None:
     reduces = [d["refId"] for d in rule["data"] if d["model"].get("type") == "reduce"]
     values = {ref: 1234.5 + i for i, ref in enumerate(reduces)}
-    labels = {"host": "node-7", "gpu": "3"}
+    labels = {"host": "node-7", "gpu": "3", "run": "run-1", "rule": "data_loading"}
     for key in ("summary", "description"):
         text = rule["annotations"][key]
         assert re.search(_VALUE, text), f"{rule['uid']} {key} shows no measured value"

@@ -40,6 +40,7 @@ from gpulse.dashboards.builder import DATASOURCE_UID
 from gpulse.influx import downsample
 from gpulse.influx.connection import Connection
 from gpulse.lineprotocol.encode import Encoder
+from gpulse.report.live import FindingState, LiveFinding
 
 pytestmark = pytest.mark.influxdb
 
@@ -163,7 +164,8 @@ class OnDatabase:
 def _write_alert_situations(influx: Any, now: int) -> None:
     """Situations a 13-second simulation cannot show, on hosts of their own: an idle GPU holding memory
     for 15 minutes, a GPU with uncorrected ECC errors, an agent silent for 5 minutes, and an agent
-    whose spool grew for 10 minutes."""
+    whose spool grew for 10 minutes; and the rolling findings a run raises only over minutes: one the
+    user's run raised and cleared, one still open on a node of its own."""
     enc = Encoder()
     gpu = enc.series("gpu", {"host": "idle-node", "gpu": "0", "uuid": "GPU-idle", "model": "NVIDIA H100"})
     lines = [enc.line(gpu, {"util_gpu_pct": 2.0, "mem_used_bytes": 20 << 30}, now - s * NS) for s in range(0, 1200, 30)]
@@ -176,6 +178,17 @@ def _write_alert_situations(influx: Any, now: int) -> None:
         enc.line(spooling, {"uptime_s": 900.0 - s, "spool_bytes": 1_000_000 - s * 1000}, now - s * NS)
         for s in range(0, 600, 10)
     ]
+    for host, run, rule, states in (
+        (HOST, RUN_ID, "data_loading", (FindingState.RAISED, FindingState.CLEARED)),
+        ("finding-node", "stuck-run", "rank_imbalance", (FindingState.RAISED,)),
+    ):
+        series = enc.series("train_finding", {"host": host, "run": run, "rule": rule})
+        for i, state in enumerate(states):
+            ts = now - (240 - 120 * i) * NS
+            f = LiveFinding(
+                run, rule, state, rule, "what the window showed", "what to do", "a threshold", 10, 50, ts, 40
+            )
+            lines.append(enc.line(series, f.fields(), ts))
     influx.write("".join(line for line in lines if line))
 
 
@@ -542,6 +555,7 @@ EXPECTED_FIRING = {
     "gpulse-gpu-ecc-uncorrected": {("3", "ecc-node")},
     "gpulse-agent-silent": {("silent-node",)},
     "gpulse-agent-spool-growing": {("spooling-node",)},
+    "gpulse-run-finding": {("finding-node", "rank_imbalance", "stuck-run")},
 }
 
 

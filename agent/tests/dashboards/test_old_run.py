@@ -24,8 +24,9 @@ pytestmark = pytest.mark.influxdb
 OLD, NEW, HOST = "old-run", "new-run", "node-a"
 OLD_AGE_S = 3 * 86400
 RANGE = "now-4d"
-#: Panels with nothing in the 1m tier, and why: logged scalars and train_run/train_event are raw only.
-RAW_ONLY = {"Loss", "Run"}
+#: Panels with nothing in the 1m tier, and why: logged scalars and train_run/train_event/train_finding
+#: are raw only.
+RAW_ONLY = {"Loss", "Run", "Findings while running"}
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from typing import Any
 from gpulse.influx import downsample
 from gpulse.influx.tiers import TIERS
 from gpulse.lineprotocol.encode import Encoder
+from gpulse.report.live import FindingState, LiveFinding
 
 NS = 1_000_000_000
 
@@ -33,7 +34,7 @@ def setup_v1(url: str, bucket: str = "gpulse", raw_retention: str = "30d") -> st
 
 def run_points(run: str, host: str, start_ns: int, steps: int) -> str:
     """Two ranks of ``run``, one step a second after ``start_ns``, their GPUs tagged with the run, their
-    training processes as the agent samples them, and the run's start."""
+    training processes as the agent samples them, the run's start, and a finding the agent raised for it."""
     enc = Encoder()
     lines = []
     for rank in (0, 1):
@@ -65,6 +66,9 @@ def run_points(run: str, host: str, start_ns: int, steps: int) -> str:
                     t,
                 )
             )
+    finding = LiveFinding(run, "rank_imbalance", FindingState.RAISED, "", "rank 1 is slower", "", "", 60, 120, 0, 240)
+    series = enc.series("train_finding", {"run": run, "host": host, "rule": finding.rule})
+    lines.append(enc.line(series, finding.fields(), start_ns + 120 * NS))
     return "".join(line for line in lines if line)
 
 

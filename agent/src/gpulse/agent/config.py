@@ -129,6 +129,11 @@ class AgentConfig:
     shutdown_timeout: float = 5.0
     self_metrics_interval: float = 10.0
     status_interval: float = 30.0  # plain log status every N s when stderr is not a terminal
+    #: the rolling findings' window (``gpulse.report.live``): the last N steps or S seconds, whichever is longer
+    live_window_steps: int = 100
+    live_window_s: float = 120.0
+    #: seconds between two evaluations of the rolling findings
+    live_every_s: float = 5.0
     max_lines: int = 5000
     max_bytes: int = 4 << 20
     #: replay data spooled for another destination (another URL, API, org/bucket, database) into this one
@@ -176,6 +181,9 @@ _SETTINGS: dict[str, _Conv] = {
     "shutdown_timeout": _float,
     "self_metrics_interval": _float,
     "status_interval": _float,
+    "live_window_steps": _int,
+    "live_window_s": _float,
+    "live_every_s": _float,
     "max_lines": _int,
     "max_bytes": parse_size,
     "replay_spool_to_new_destination": _bool,
@@ -326,6 +334,11 @@ def validate(cfg: AgentConfig) -> None:
         raise ConfigError(f"max_lines must be at least 1, not {cfg.max_lines}")
     if cfg.self_metrics_interval < cfg.interval:
         raise ConfigError("self_metrics_interval must not be shorter than the sampling interval")
+    if cfg.live_window_steps < 2 or cfg.live_window_s <= 0 or cfg.live_every_s <= 0:
+        raise ConfigError(
+            "the live window needs live_window_steps >= 2 and positive live_window_s and live_every_s, not "
+            f"{cfg.live_window_steps}, {cfg.live_window_s:g}, {cfg.live_every_s:g}"
+        )
     if cfg.socket_group is not None:
         import grp
 

@@ -36,8 +36,10 @@ from typing import Any, TextIO
 from gpulse import __version__
 from gpulse.agent.config import AgentConfig
 from gpulse.agent.counters import Counts, LoopCounters, read
+from gpulse.agent.findings import LiveFindings
 from gpulse.agent.status_line import StatusLine
 from gpulse.lineprotocol.encode import Encoder, Series
+from gpulse.report.live import LiveWindow
 from gpulse.schema import GPU_TAGS, MEASUREMENTS
 from gpulse.sources.base import GpuIdentity, GpuSource, Reading, SourceUnavailable
 from gpulse.sources.host import HostSampler, TrainingProcess
@@ -194,6 +196,8 @@ class Agent:
         # per-GPU series, rebuilt when GPUs or run registrations change
         self._gpus: list[GpuIdentity] = []
         self._runs: dict[str, str] = {}
+        #: indexes of the GPUs a registered run uses
+        self._run_gpus: set[int] = set()
         self._runs_version = -1
         self._series: dict[int, dict[str, Series]] = {}
         self._base_tags: dict[int, dict[str, dict[str, str]]] = {}
@@ -203,6 +207,7 @@ class Agent:
         self.host_sampler = None if cfg.no_host_metrics else HostSampler()
         self._host_series = self.encoder.series("host", {"host": cfg.host})
         self._process_series: dict[tuple[str, str, str], Series] = {}
+        self.findings = LiveFindings(LiveWindow(cfg.live_window_steps, cfg.live_window_s, cfg.live_every_s))
 
     # -- control (signal handlers and tests) ------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -307,7 +312,12 @@ class Agent:
 
             try:
                 self.receiver = TrainingReceiver(
-                    cfg.socket_path, cfg.host, self.delivery.submit, group=cfg.socket_group, status=self.snapshot
+                    cfg.socket_path,
+                    cfg.host,
+                    self.delivery.submit,
+                    group=cfg.socket_group,
+                    status=self.snapshot,
+                    observe=self.findings.observe,
                 )
                 self.receiver.start()
             except OSError as e:
@@ -452,11 +462,27 @@ class Agent:
             if text is not None:
                 lines.append(text)
                 points[r.measurement] = points.get(r.measurement, 0) + 1
+            if r.measurement == "gpu" and r.gpu in self._run_gpus:  # a run's GPU: its rolling findings read it
+                self.findings.observe("gpu", self._base_tags[r.gpu]["gpu"], r.fields, r.ts_ns)
         if self.host_sampler is not None:
             lines += self._host_lines(ts)
+        lines += self._finding_lines()
         if lines:
             self.counters.lines_submitted += len(lines)
             self.delivery.submit(lines)
+
+    def _finding_lines(self) -> list[str]:
+        """The ``train_finding`` points of the rolling findings raised or cleared now (logged by them)."""
+        out = []
+        for f in self.findings.evaluate(time.time_ns()):
+            if self.receiver is not None:
+                self.receiver.tell(f.run, {**f.as_dict(), "host": self.cfg.host})  # for its metrics_report.json
+            series = self.encoder.series("train_finding", {"host": self.cfg.host, "run": f.run, "rule": f.rule})
+            text = self.encoder.line(series, f.fields(), f.time_ns)
+            if text is not None:
+                out.append(text)
+                self.counters.points["train_finding"] = self.counters.points.get("train_finding", 0) + 1
+        return out
 
     def _host_lines(self, ts: int) -> list[str]:
         """The ``host`` point and a ``host_process`` point per training process the channel names and per worker.
@@ -474,12 +500,14 @@ class Agent:
         if len(cache) > MAX_PROCESS_SERIES:
             cache.clear()
         points = [(self._host_series, node.fields())]
+        self.findings.observe("host", {"host": self.cfg.host}, points[0][1], ts)
         for p in procs:
             key = (p.run, p.rank, p.process)
             series = cache.get(key)
             if series is None:
                 series = cache[key] = self.encoder.series("host_process", {"host": self.cfg.host, **p.tags})
             points.append((series, p.fields()))
+            self.findings.observe("host_process", {"host": self.cfg.host, **p.tags}, points[-1][1], ts)
         out = []
         counts = self.counters.points
         for series, fields in points:
@@ -512,6 +540,7 @@ class Agent:
             self._runs_version = self.receiver.runs_version
             runs = dict(self.receiver.gpu_runs())
         self._runs = runs
+        self._run_gpus = {g.index for g in self._gpus if g.uuid in runs}
         host = self.cfg.host
         self._series, self._base_tags = {}, {}
         for g in self._gpus:
@@ -573,6 +602,7 @@ class Agent:
                 for g in self._gpus
             ],
             "runs": runs,
+            "findings": self.findings.open(),
             "samples": r.samples,
             "cycles_skipped": r.cycles_skipped,
             "cycle_ms": round(r.cycle_ms, 3),

@@ -38,6 +38,9 @@ KIND_UNREGISTER = "unregister"
 KIND_STATUS = "status"
 KIND_STATUS_REPLY = "status_reply"
 KIND_ACK = "ack"
+#: A rolling finding of the client's run raised, cleared or ended (the agent's ``train_finding`` point's
+#: fields), so the run can list it in ``metrics_report.json`` (``live_findings``).
+KIND_FINDING = "finding"
 #: A rows datagram (step points, :class:`StepRows`): ``ROWS_PREFIX``, a JSON header with this kind,
 #: a newline, then the rows packed as the header's ``kinds`` say (``docs/channel.md``).
 KIND_ROWS = "rows"
@@ -46,7 +49,7 @@ ROWS_PREFIX = b"R"
 #: Kinds the agent acknowledges (they carry ``seq``).
 SEQUENCED_KINDS = (KIND_POINT, KIND_REGISTER, KIND_UNREGISTER)
 #: Kinds only the agent sends; a client sending one is rejected.
-REPLY_KINDS = (KIND_ACK, KIND_STATUS_REPLY)
+REPLY_KINDS = (KIND_ACK, KIND_STATUS_REPLY, KIND_FINDING)
 
 #: Distinct open-field names (``log_*``, ``phase_*``) one run may send: a run logging thousands of
 #: distinct scalars is making a mistake. The client drops the values of further new names, and so
@@ -420,6 +423,18 @@ class StatusReply(_Message):
         return {"v": PROTOCOL_VERSION, "kind": KIND_STATUS_REPLY, "status": self.status}
 
 
+class FindingNote(_Message):
+    """A finding of the client's run raised, cleared or ended (``gpulse.report.live.LiveFinding.as_dict``)."""
+
+    __slots__ = ("finding",)
+
+    def __init__(self, finding: dict[str, Any]) -> None:
+        self.finding = finding
+
+    def wire(self) -> dict[str, Any]:
+        return {"v": PROTOCOL_VERSION, "kind": KIND_FINDING, "finding": self.finding}
+
+
 Message = Point | Register | Unregister | StatusRequest | Ack | StatusReply
 
 
@@ -473,7 +488,7 @@ _PLUS_COMMA = (1).__add__  # a message's bytes in a batch: itself and its comma
 MAX_HOST_LEN = 256
 
 
-def decode_reply(data: bytes) -> Ack | StatusReply | None:
+def decode_reply(data: bytes) -> Ack | StatusReply | FindingNote | None:
     """An agent's reply (one message per datagram), or ``None`` when it is not one a client accepts."""
     try:
         msg = json.loads(data)
@@ -490,4 +505,6 @@ def decode_reply(data: bytes) -> Ack | StatusReply | None:
         return Ack(upto, host if ok_host else None)
     if kind == KIND_STATUS_REPLY and isinstance(msg.get("status"), dict):
         return StatusReply(msg["status"])
+    if kind == KIND_FINDING and isinstance(msg.get("finding"), dict):
+        return FindingNote(msg["finding"])
     return None

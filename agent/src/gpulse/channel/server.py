@@ -40,6 +40,10 @@ from gpulse.lineprotocol.encode import Encoder
 log = logging.getLogger("gpulse.training_channel")
 
 Submit = Callable[[list[str]], int]
+#: ``observe(measurement, tags, fields, ts)``: sees every accepted ``train_step`` / ``train_run`` point
+Observe = Callable[[str, dict[str, str], dict[str, Any], int], None]
+#: the measurements an observer is shown
+OBSERVED = ("train_step", "train_run")
 
 #: Seconds between checks that registered training processes still exist.
 LIVENESS_INTERVAL_S = 2.0
@@ -64,6 +68,8 @@ class _Client:
     #: a submit of this client's points failed: acks are cumulative, so none may be sent any more
     #: (the client records its unacknowledged points to its file; duplicates are harmless)
     broken: bool = False
+    #: the run whose points this client sends (its rolling findings are told to it)
+    run: str | None = None
 
 
 class TrainingReceiver:
@@ -76,10 +82,12 @@ class TrainingReceiver:
         group: str | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
         durable: Callable[[], int] | None = None,
+        observe: Observe | None = None,
         now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         """``submit(lines) -> ticket`` is ``Delivery.submit``; ``durable()`` returns the highest durable
-        ticket (default: ``submit.__self__.durable_upto`` when ``submit`` is a Delivery's bound method).
+        ticket (default: ``submit.__self__.durable_upto`` when ``submit`` is a Delivery's bound method);
+        ``observe`` is shown each accepted training step and run point (the agent's rolling findings).
         """
         self.path = path
         self.host = host
@@ -91,6 +99,7 @@ class TrainingReceiver:
             if owner is not None and hasattr(owner, "durable_upto"):
                 durable = lambda: owner.durable_upto  # noqa: E731
         self._durable = durable
+        self._observe = observe
         self._now_ns = now_ns
         self._validator = Validator(host)
         self._encoder = Encoder()
@@ -242,6 +251,7 @@ class TrainingReceiver:
         now_ns = self._now_ns()
         lines: list[str] = []
         max_seq = -1
+        run: str | None = None
         for raw in messages:
             try:
                 msg = self._validator.message(raw, now_ns)
@@ -260,6 +270,8 @@ class TrainingReceiver:
                 if line is not None:
                     lines.append(line)
                 self._note_start(raw, msg)
+                self._show(raw, msg)
+                run = msg.run
             elif not self._register(msg):
                 if msg.seq is not None:
                     max_seq = max(max_seq, msg.seq)  # rejected, and acked like any rejected message
@@ -269,6 +281,8 @@ class TrainingReceiver:
                 max_seq = max(max_seq, msg.seq)
         self._note_dropped_values()
         client = self._client(addr) if addr else None
+        if client is not None and run is not None:
+            client.run = run
         ticket = client.last_ticket if client else self._max_ticket
         if lines:
             try:
@@ -333,7 +347,17 @@ class TrainingReceiver:
         for addr in gone:
             self._clients.pop(addr, None)
 
-    def _send(self, addr: Any, message: protocol.Ack | protocol.StatusReply) -> bool:
+    def tell(self, run: str, finding: dict[str, Any]) -> int:
+        """Send a finding of ``run`` to each client that sends that run's points; how many were told.
+
+        Called from the agent's loop: ``sendto`` on a datagram socket is safe beside the reader thread."""
+        told = 0
+        for addr, c in list(self._clients.items()):
+            if c.run == run and self._send(addr, protocol.FindingNote(finding)):
+                told += 1
+        return told
+
+    def _send(self, addr: Any, message: protocol.Ack | protocol.StatusReply | protocol.FindingNote) -> bool:
         """Send to a client without blocking; ``False`` when the client is gone (its address is unbound)."""
         if self._sock is None:
             return False
@@ -438,6 +462,15 @@ class TrainingReceiver:
             self._started.discard(key)
         elif msg.fields.get("event") == "start" and len(self._started) < MAX_REGISTRATIONS:
             self._started.add(key)
+
+    def _show(self, raw: Any, msg: CheckedPoint) -> None:
+        """Hand a training point to the observer; its failure is counted, never the channel's."""
+        if self._observe is None or msg.series.measurement not in OBSERVED:
+            return
+        try:
+            self._observe(msg.series.measurement, {**raw["tags"], "host": self.host}, msg.fields, msg.ts)
+        except Exception as e:
+            self._count_once("observe_failed", repr(e))
 
     def gpu_runs(self) -> dict[str, str]:
         """GPU uuid -> run id for the GPUs of registered, live training processes."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpulse.dashboards import agent_health, node
+from gpulse.dashboards import agent_health, node, training
 from gpulse.dashboards.builder import DATASOURCE_UID, Dashboard, panel_url, text
 
 EXPR_UID = "__expr__"
@@ -50,6 +50,8 @@ Json = dict[str, Any]
 GIB = 1024**3
 GPU = '{{ index .Labels "host" }} GPU {{ index .Labels "gpu" }}'
 HOST = '{{ index .Labels "host" }}'
+RUN = '{{ index .Labels "run" }}'
+RULE = '{{ index .Labels "rule" }}'
 
 
 def value(ref: str, fmt: str = "%.0f") -> str:
@@ -139,6 +141,7 @@ def _above(uid: str, title: str, sql: str, window_s: int, value_ref: str, limit:
 def _catalogue() -> list[AlertRule]:
     nd, ah = node.build(), agent_health.build()
     by_gpu = 'WHERE $timeFilter GROUP BY "host", "gpu"'
+    by_finding = 'WHERE $timeFilter GROUP BY "host", "run", "rule"'
     return [
         AlertRule(
             "gpulse-gpu-idle-memory",
@@ -253,6 +256,32 @@ def _catalogue() -> list[AlertRule]:
             "remapped the failing rows (a pending remap needs a GPU reset to take effect).\n"
             "3. Reset the GPU (`nvidia-smi -r`) or reboot; if errors come back, or a row remap failed, "
             "the GPU needs replacing.",
+        ),
+        AlertRule(
+            "gpulse-run-finding",
+            "Training run finding open",
+            (
+                AlertQuery("A", f'SELECT last("open") FROM "train_finding" {by_finding}', 6 * 3600),
+                AlertQuery("B", f'SELECT last("first_step") FROM "train_finding" {by_finding}', 6 * 3600),
+            ),
+            (_reduce("open", "A"), _reduce("since", "B"), _threshold("C", "open", "gt", 0)),
+            summary=f"run {RUN} on {HOST}: {RULE} has held since step {value('since')}",
+            description=f"The agent's rolling diagnosis raised {RULE} for run {RUN} on {HOST}: the rule of "
+            f"docs/report.md has held over the run's recent steps since step {value('since')}, for a whole window "
+            "at least. It resolves when the rule has failed for a whole window or the run ends.",
+            severity="warning",
+            for_="0s",
+            dashboard=training.build(),
+            panel=training.FINDINGS_PANEL,
+            panel_vars={"run": RUN},
+            runbook="A diagnosis rule holds while the run is going (the same rules as `metrics_report.json`).\n\n"
+            "1. The Training run dashboard's **Findings while running** table has the evidence, with numbers, "
+            "and the action; `gpulse status` on the node lists the open findings too.\n"
+            "2. The rule's section in docs/report.md says what it measures and which threshold it crossed; "
+            "the red annotations show when it was raised and cleared against the step time and its phases.\n"
+            "3. Act on it (the action names the change: e.g. more DataLoader workers only with a free core, "
+            "or the straggling rank's GPU and host); the finding clears by itself a window after the cause "
+            "is gone.",
         ),
         AlertRule(
             "gpulse-agent-silent",

@@ -42,6 +42,8 @@ from gpulse.dashboards.units import (
 )
 
 UID = "gpulse-training-run"
+#: the table of rolling findings (the ``gpulse-run-finding`` alert links it)
+FINDINGS_PANEL = "Findings while running"
 SEL = '"run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/ AND "rank" =~ /^$rank$/'
 WHERE = f"{SEL} AND $timeFilter"
 BY_TIME = "GROUP BY time($__interval) fill(none)"
@@ -142,6 +144,17 @@ def build() -> Dashboard:
             text="text",
             tags="kind",
             color="orange",
+        )
+    )
+    d.annotation(
+        Annotation(
+            "Findings (raised / cleared while running)",
+            'SELECT "evidence", "state", "rule" FROM "train_finding" WHERE "run" =~ /^${run:regex}$/ '
+            'AND "host" =~ /^$host$/ AND $timeFilter',
+            text="evidence",
+            tags="state",
+            title="rule",
+            color="red",
         )
     )
     d.annotation(
@@ -381,6 +394,20 @@ def build() -> Dashboard:
                 table=True,
             ),
             columns=(Column("steps", COUNT), Column("duration_s", SECONDS)),
+            width=12,
+        ),
+        table(
+            FINDINGS_PANEL,
+            "Each raise, clear and end of a finding of the agent's rolling diagnosis (the rules of "
+            "docs/report.md over the run's recent steps on each node), with the steps it held, what it saw "
+            "and what to do. The same points are the red annotations on the graphs.",
+            Query(
+                'SELECT "state", "first_step", "last_step", "evidence", "action" FROM "train_finding" '
+                'WHERE "run" =~ /^${run:regex}$/ AND "host" =~ /^$host$/ AND $timeFilter GROUP BY "host", "rule" '
+                "ORDER BY time DESC LIMIT 100",
+                table=True,
+            ),
+            columns=(Column("first_step", ID), Column("last_step", ID)),
             width=12,
         ),
     )

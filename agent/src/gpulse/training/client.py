@@ -18,7 +18,7 @@ import socket
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpulse.channel import protocol
@@ -122,6 +122,8 @@ class Client:
         self.dropped = 0
         self.datagrams = 0
         self._host = socket.gethostname()
+        #: called (on the worker thread) with each rolling finding the agent tells about this run
+        self.on_finding: Callable[[dict[str, Any]], None] | None = None
         self._recorder: Any = None
         self.endpoint: AgentEndpoint | None = None
         try:
@@ -329,6 +331,9 @@ class Client:
                     if reply.host:
                         self._host = reply.host  # the agent's host tag: recorded points must match its series
                     self._ack(reply.upto)
+                elif type(reply) is protocol.FindingNote:
+                    if self.on_finding is not None:
+                        self.on_finding(reply.finding)
                 elif reply is None:
                     self.guard.report("bad_reply", detail=repr(data[:80]))
         except OSError as exc:

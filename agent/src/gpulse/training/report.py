@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from gpulse.training.gather import Gathered
 
 REPORT_FILE = "metrics_report.json"
+#: Rolling findings kept for the report (each raise is one entry, updated by its clear or end).
+MAX_LIVE_FINDINGS = 256
 #: Step fields the run's totals add up (also over the steps thinned out of the report).
 _TOTALS = ("samples", "tokens")
 
@@ -54,6 +56,8 @@ class ReportBuffer:
         #: samples and tokens of every step so far, kept or thinned out (the run's end point carries them),
         #: added up as rows come, a slice at a time, rather than all kept steps' in Python at ``finish()``
         self._totals = dict.fromkeys(_TOTALS, 0)
+        #: (rule, first step) -> the agent's latest word on that finding (``live_findings``)
+        self._findings: dict[tuple[str, int], dict[str, Any]] = {}
         #: this rank's profiler windows (:class:`~gpulse.training.profiling.Profile`), ``profiles`` in the file
         self.profiles: list[Any] = []
 
@@ -64,6 +68,20 @@ class ReportBuffer:
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
         (self._runs if measurement == "train_run" else self._events).append({**tags, **fields, "time": ts})
+
+    def add_finding(self, finding: Mapping[str, Any]) -> None:
+        """A rolling finding the agent told this run about: its raise opens an entry, its clear or end
+        updates it (the last step it held, its state)."""
+        key = (str(finding.get("rule")), int(finding.get("first_step") or 0))
+        if key in self._findings or len(self._findings) < MAX_LIVE_FINDINGS:
+            self._findings[key] = {**self._findings.get(key, {}), **finding}
+
+    @property
+    def live_findings(self) -> list[dict[str, Any]]:
+        """Each finding raised while the run was going: rule, state, first and last step it held,
+        evidence, action, and when it was raised or last changed."""
+        keys = ("rule", "state", "first_step", "last_step", "evidence", "action", "threshold", "time_ns", "host")
+        return [{k: f.get(k) for k in keys} for f in self._findings.values()]
 
     @property
     def runs(self) -> list[dict[str, Any]]:
@@ -140,9 +158,14 @@ def all_profiles(buffer: ReportBuffer, others: Gathered | None = None) -> list[d
     return buffer.profile_rows() + (others.profiles if others is not None else [])
 
 
-def write_report(report: RunReport, output_dir: str, profiles: list[dict[str, Any]] | None = None) -> str:
-    """Write ``report`` (with the run's profiler windows, ``profiles``) to ``output_dir``; returns its
-    path. Raises on failure."""
+def write_report(
+    report: RunReport,
+    output_dir: str,
+    profiles: list[dict[str, Any]] | None = None,
+    live_findings: list[dict[str, Any]] | None = None,
+) -> str:
+    """Write ``report`` (with the run's profiler windows, ``profiles``, and what the agent found while
+    it ran, ``live_findings``) to ``output_dir``; returns its path. Raises on failure."""
     from gpulse.channel.recording import open_private
 
     os.makedirs(output_dir, exist_ok=True)
@@ -151,7 +174,12 @@ def write_report(report: RunReport, output_dir: str, profiles: list[dict[str, An
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         with open(fd, "w", encoding="utf-8") as fh:
-            json.dump({**report.to_json(), "profiles": profiles or []}, fh, indent=2, default=str)
+            json.dump(
+                {**report.to_json(), "profiles": profiles or [], "live_findings": live_findings or []},
+                fh,
+                indent=2,
+                default=str,
+            )
         os.replace(tmp, path)
     except BaseException:
         try:

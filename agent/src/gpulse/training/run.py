@@ -168,6 +168,8 @@ class Run:
             self.steps, self.guard, self.output_dir, self.rank, enabled=profiling_enabled(self._profile), mark=self.mark
         )
         self.report.profiles = self.profile_window.profiles
+        # a finding the node's agent raised (and so held for a whole window) asks for one window
+        self.worker.request_profile = self.profile_window.request
         if self.world_size > 1:
             self._distributed(model)
         _install_excepthook()
@@ -319,7 +321,11 @@ class Run:
         paths = []
         if self._write_report:
             try:
-                paths.append(report.write_report(built, self.output_dir, report.all_profiles(self.report, others)))
+                paths.append(
+                    report.write_report(
+                        built, self.output_dir, report.all_profiles(self.report, others), self.report.live_findings
+                    )
+                )
             except OSError as exc:  # a full disk, a directory gone: say which file
                 self.guard.report("report_write", exc, f"{report.REPORT_FILE} not written to {self.output_dir}")
         if not self.quiet:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
@@ -75,6 +76,10 @@ class Worker:
         self._stop = threading.Event()
         self._end_point: Any = None
         self._thread = threading.Thread(target=self._loop, name="gpulse-training", daemon=True)
+        #: the automatic profiler window (``training.profiling``): ``request(rule, evidence) -> bool``,
+        #: asked when the agent raises a finding of this run; ``None``: no profiling
+        self.request_profile: Callable[[str, str], bool] | None = None
+        client.on_finding = self._on_finding
 
     def start(self, pid: int) -> None:
         self.pid = pid
@@ -120,6 +125,13 @@ class Worker:
             self.client.close(wait=2.0)
         except Exception as exc:
             self.guard.report("close", exc)
+
+    def _on_finding(self, finding: dict[str, Any]) -> None:
+        """A rolling finding the agent raised, cleared or ended for this run (read with the acks,
+        on this thread): kept for ``metrics_report.json``; a raise may open the profiler window."""
+        self.report.add_finding(finding)
+        if finding.get("state") == "raised" and self.request_profile is not None:
+            self.request_profile(str(finding.get("rule")), str(finding.get("evidence")))
 
     def _refresh_gpus(self) -> None:
         """Register the UUIDs of the GPUs this rank uses; find the MFU peak for its device."""

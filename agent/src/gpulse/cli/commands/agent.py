@@ -53,6 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="log the status line every S seconds when stderr is no terminal (default 30)",
     )
+    live = parser.add_argument_group("rolling findings (the diagnosis while a run is going)")
+    live.add_argument(
+        "--live-window-steps", type=int, metavar="N", help="judge the last N steps of each run (default 100) ..."
+    )
+    live.add_argument(
+        "--live-window-s", type=float, metavar="S", help="... or its last S seconds if longer (default 120)"
+    )
+    live.add_argument("--live-every-s", type=float, metavar="S", help="evaluate the rules every S seconds (default 5)")
     d = parser.add_argument_group("delivery")
     d.add_argument(
         "--flush-interval", type=float, metavar="S", help="send a batch at least every S seconds (default 1)"

@@ -105,6 +105,7 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"  {g.get('index')}: {g.get('model')}  {g.get('uuid')}{run}{flags}")
     runs = sorted(set((status.get("runs") or {}).values()))
     lines.append(f"Runs registered: {', '.join(runs) if runs else 'none'}")
+    lines += finding_lines(status.get("findings") or {})
     lines.append(f"Database: {status.get('database') or 'none (recording only)'}")
     if status.get("record"):
         lines.append(f"Recording to: {status['record']}")
@@ -150,3 +151,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else render(status))
     return 0
+
+
+def finding_lines(findings: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each active run's open findings (the agent's rolling diagnosis), one line each."""
+    if not findings:
+        return ["Open findings: none"]
+    out = ["Open findings:"]
+    for run, open_ in sorted(findings.items()):
+        for f in open_:
+            out.append(
+                f"  run {run}: {f.get('rule')} since step {f.get('first_step')} (last held at step "
+                f"{f.get('last_step')}): {f.get('evidence')} Action: {f.get('action')}"
+            )
+    return out

@@ -1,0 +1,87 @@
+"""The agent's rolling findings: one :class:`~gpulse.report.live.RollingFindings` per run on this node.
+
+The training channel hands every accepted ``train_step`` and ``train_run`` point to :meth:`LiveFindings.observe`
+(its reader thread), and the sampling loop its ``host`` and ``host_process`` points and the ``gpu``
+points of the GPUs each run registered; the agent's sampling loop calls :meth:`LiveFindings.evaluate` once per cycle, which
+runs the rules at most every ``every_s`` per run, off both the training processes and the channel thread.
+Here every rank of the node is seen, so ``rank_imbalance`` can be judged across them. A run's state is
+dropped at its end point (the first rank's; its ``metrics_report.json`` holds the final diagnosis)
+or after :data:`IDLE_RUN_S` without a step, and its open findings are then written as ``ended``, so
+that alerts on them resolve.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from gpulse.report.live import FindingState, LiveFinding, LiveWindow, RollingFindings
+
+log = logging.getLogger("gpulse.agent.findings")
+
+#: A run silent this long is forgotten (a crash without an end point).
+IDLE_RUN_S = 600.0
+#: Runs judged at once; a step of a further run is ignored until one ends (bounded memory).
+MAX_RUNS = 64
+
+
+class LiveFindings:
+    """Rolling findings of every run on the node; thread-safe (channel thread in, sampling loop out)."""
+
+    def __init__(self, window: LiveWindow) -> None:
+        self.window = window
+        self._runs: dict[str, RollingFindings] = {}
+        self._seen_ns: dict[str, int] = {}
+        self._lock = threading.Lock()
+        #: findings closed by their run's end, written at the next evaluation
+        self._ended: list[LiveFinding] = []
+
+    def observe(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
+        """A checked point of the training channel (steps fill the run's window, an end point ends it)
+        or the agent's own ``host`` / ``host_process`` point (the host beside the steps), or a ``gpu`` point of
+        a GPU the run registered."""
+        run = tags.get("run")
+        with self._lock:
+            if measurement == "host":
+                for engine in self._runs.values():
+                    engine.add_beside(measurement, {"time": ts, **tags, **fields})
+            elif not run:
+                return
+            elif measurement in ("host_process", "gpu"):
+                if run in self._runs:
+                    self._runs[run].add_beside(measurement, {"time": ts, **tags, **fields})
+            elif measurement == "train_run" and fields.get("event") == "end":
+                self._end(run, ts)
+            elif measurement == "train_step":
+                engine = self._runs.get(run)
+                if engine is None:
+                    if len(self._runs) >= MAX_RUNS:
+                        return
+                    engine = self._runs[run] = RollingFindings(run, self.window)
+                engine.add({"time": ts, **tags, **fields})
+                self._seen_ns[run] = ts
+
+    def evaluate(self, now_ns: int) -> list[LiveFinding]:
+        """The raises and clears due now, each logged once."""
+        with self._lock:
+            idle = [r for r, seen in self._seen_ns.items() if now_ns - seen > IDLE_RUN_S * 1e9]
+            for run in idle:
+                self._end(run, now_ns)
+            changes, self._ended = self._ended, []
+            changes += [c for e in self._runs.values() for c in e.evaluate(now_ns)]
+        for c in changes:
+            log.log(logging.WARNING if c.state is FindingState.RAISED else logging.INFO, "finding: %s", c.line())
+        return changes
+
+    def _end(self, run: str, ts: int) -> None:
+        engine = self._runs.pop(run, None)
+        self._seen_ns.pop(run, None)
+        if engine is not None:
+            self._ended += engine.end(ts)
+
+    def open(self) -> dict[str, list[dict[str, Any]]]:
+        """Run id -> its open findings (JSON form), for ``gpulse status``."""
+        with self._lock:
+            return {run: [f.as_dict() for f in e.open] for run, e in self._runs.items() if e.open}
