@@ -29,7 +29,7 @@ from gpulse.influx.tiers import RAW, TIER_BY_NAME
 #: On 1.x and 2.x all three read the bucket's database and the query's retention policy picks the
 #: tier (``FROM "1h"."gpu"``); InfluxDB 3 drops that retention policy and reads the datasource's
 #: database (``iox_v1_query_api`` ``handler.rs``), so there each one names its tier's database
-#: (``gpulse``, ``gpulse/1m``, ``gpulse/1h``: grafana/provisioning/datasources-v3/influxdb.yaml).
+#: (``gpulse``, ``gpulse/1m``, ``gpulse/1h``: grafana/provisioning-v3/datasources/influxdb.yaml).
 #: A query keeps its retention policy and goes to its tier's datasource, and so reads the same tier on both.
 DATASOURCE_UIDS: dict[str, str] = {RAW: "gpulse-influxql", "1m": "gpulse-influxql-1m", "1h": "gpulse-influxql-1h"}
 DATASOURCE_UID = DATASOURCE_UIDS[RAW]
