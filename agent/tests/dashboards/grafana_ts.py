@@ -320,7 +320,9 @@ def misreads(quantity: str, value: float, text: str) -> str | None:
         return f"{text!r}: {suffix!r} is not a unit of {quantity} ({', '.join(repr(s) for s in factors)})"
     decimals = len(m["num"].split(".")[1]) if "." in m["num"] else 0
     shown = number * factors[suffix]
-    tolerance = max(abs(value) * 0.01, 0.5 * 10.0**-decimals * factors[suffix])
+    # half a unit of the last digit shown: a value exactly halfway (2.25 % shown as 2.3 %) is read right,
+    # whatever the float error of the products (1e-9 of slack)
+    tolerance = max(abs(value) * 0.01, 0.5 * 10.0**-decimals * factors[suffix]) * (1 + 1e-9)
     return None if abs(shown - value) <= tolerance else f"{text!r} reads as {shown:g}, not {value:g}"
 
 

@@ -172,7 +172,7 @@ def list_runs_influx(q: InfluxQL, now_ns: int | None = None) -> list[str]:
     runs: set[str] = set()
     for m, tier, since in (("train_run", RAW, 0), ("train_step", "1m", now_ns - SEARCH_WINDOWS_NS[-1])):
         show = f'SHOW TAG VALUES FROM {_source(q, m, tier)} WITH KEY = "run" WHERE time >= {since} AND time <= {now_ns}'
-        for row in _rows_if_tier(q, show):
+        for row in _rows_if_tier(q, show, tier):
             if row.get("value"):
                 runs.add(str(row["value"]))
     return sorted(runs)
@@ -182,9 +182,12 @@ def _any_of(tag: str, values: Iterable[str]) -> str:
     return "(" + " OR ".join(f"{quote_ident(tag)} = {quote_string(v)}" for v in sorted(values)) + ")"
 
 
-def _rows_if_tier(q: InfluxQL, query: str) -> list[Row]:
-    """Rows of a query, none when its tier does not exist: a database that ``gpulse setup`` did not
-    make has no 1m tier, and so no run in it (InfluxDB says its retention policy or database is not found)."""
+def _rows_if_tier(q: InfluxQL, query: str, tier: str) -> list[Row]:
+    """Rows of a query, none when its downsampled tier does not exist: a database that ``gpulse setup``
+    did not make has no 1m tier, and so no run in it (InfluxDB says its retention policy or database is
+    not found). The raw tier's absence is an error with its advice (a wrong database or bucket)."""
+    if tier == RAW:
+        return q.rows(query)
     try:
         return q.rows(query)
     except QueryError as e:
@@ -193,13 +196,17 @@ def _rows_if_tier(q: InfluxQL, query: str) -> list[Row]:
         raise
 
 
-def _first_last(q: InfluxQL, source: str, field: str, where: str, now_ns: int) -> tuple[Row, Row] | None:
+def _first_last(
+    q: InfluxQL, source: str, field: str, where: str, now_ns: int, tier: str = RAW
+) -> tuple[Row, Row] | None:
     """The first and last point (``time`` and ``field``) matching ``where``, searching the windows
     newest first and going on into older ones while they still hold points."""
     first: Row | None = None
     last: Row | None = None
     for a, b in _windows(now_ns):
-        rows = _rows_if_tier(q, f'SELECT first("{field}") FROM {source} WHERE {where} AND time >= {a} AND time < {b}')
+        rows = _rows_if_tier(
+            q, f'SELECT first("{field}") FROM {source} WHERE {where} AND time >= {a} AND time < {b}', tier
+        )
         if not rows:
             if first is not None:
                 break
@@ -225,7 +232,7 @@ def run_span(q: InfluxQL, run: str, now_ns: int | None = None) -> RunSpan | None
         end = int(last["time"]) if last.get("last") == "end" else _last_step_day(q, where, int(first["time"]), now_ns)
         return RunSpan(RAW, int(first["time"]), end)
     for tier in (RAW, "1m"):  # no records (steps uploaded without them, or a run older than raw retention)
-        steps = _first_last(q, _source(q, "train_step", tier), "step", where, now_ns)
+        steps = _first_last(q, _source(q, "train_step", tier), "step", where, now_ns, tier)
         if steps is not None:
             return RunSpan(tier, int(steps[0]["time"]), int(steps[1]["time"]))
     return None

@@ -17,6 +17,7 @@ Everything is a pure function of (seed, end time), so a test can regenerate and 
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import random
@@ -243,6 +244,7 @@ def training_lines(
     pending_ckpt = list(tl.checkpoints_ns)
     pending_eval = list(tl.evals_ns)
     max_steps_guess = (tl.run_end_ns - tl.run_start_ns) / NS / (COMPUTE_S * 1.5 + COMM_S)
+    step_ends: list[int] = []
     while True:
         data_wait = (STARVED_DATA_WAIT_S if tl.starved(t) else DATA_WAIT_S) * rng.uniform(0.85, 1.15)
         begin = t + int(data_wait * NS)
@@ -255,6 +257,7 @@ def training_lines(
         if end >= tl.run_end_ns:
             break
         step += 1
+        step_ends.append(end)
         progress = step / max(max_steps_guess, 1.0)
         loss = 1.55 + 1.4 * math.exp(-3.5 * progress) + rng.gauss(0, 0.03)
         lr = 3e-4 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
@@ -313,7 +316,57 @@ def training_lines(
             },
             t,
         )
+    found = finding_lines(tl, run, host, step_ends, enc)
+    lines += found
+    points += len(found)
     return RunSummary(run=run, ranks=world, steps=step, points=points, lines=lines)
+
+
+#: The rule the agent's rolling diagnosis raises for an episode, and its evidence in the demo.
+FINDINGS = {
+    "starved": (
+        "data_loading",
+        "Data loading is the bottleneck",
+        "ranks waited for data in most of the window's steps",
+    ),
+    "straggler": (
+        "rank_imbalance",
+        "One rank is slower than the others",
+        "one rank's steps take longer than the median",
+    ),
+}
+#: How long a rule must hold (and then stop holding) before the agent raises (clears) it: one window.
+FINDING_WINDOW_S = 120
+
+
+def finding_lines(tl: Timeline, run: str, host: str, step_ends: list[int], enc: Encoder) -> list[str]:
+    """``train_finding`` lines as the agent's rolling diagnosis (``gpulse.report.live``) writes them
+    for the demo's episodes: raised a window after an episode starts, cleared a window after it ends
+    (or ended with the run)."""
+    out: list[str] = []
+    if not step_ends:
+        return out
+
+    def step_at(t: int) -> int:
+        return max(1, bisect.bisect_right(step_ends, t))
+
+    window = FINDING_WINDOW_S * NS
+    for e in tl.episodes:
+        if e.name not in FINDINGS:
+            continue
+        rule, title, evidence = FINDINGS[e.name]
+        series = enc.series("train_finding", {"host": host, "run": run, "rule": rule})
+        raised = e.start_ns + window
+        if raised >= step_ends[-1]:
+            continue
+        first = step_at(e.start_ns)
+        common = {"title": title, "evidence": evidence, "action": "", "threshold": "", "first_step": first}
+        out.append(enc.line(series, {**common, "state": "raised", "open": 1, "last_step": step_at(raised)}, raised))
+        cleared = e.end_ns + window
+        state = "cleared" if cleared < step_ends[-1] else "ended"
+        end = cleared if state == "cleared" else step_ends[-1]
+        out.append(enc.line(series, {**common, "state": state, "open": 0, "last_step": step_at(e.end_ns)}, end))
+    return [line for line in out if line]
 
 
 def gpu_lines(
