@@ -22,7 +22,8 @@ from gpulse.influx.query import InfluxQL, QueryError
 from gpulse.influx.quoting import quote_ident, quote_string
 from gpulse.influx.tiers import RAW, TIER_BY_NAME
 from gpulse.lineprotocol.parse import LineError
-from gpulse.report.model import step_end_ns, step_start_ns
+from gpulse.report.model import build_report, step_end_ns, step_start_ns
+from gpulse.report.records import RunReport
 
 Row = dict[str, Any]
 TRAIN_MEASUREMENTS = ("train_step", "train_run", "train_event")
@@ -50,6 +51,19 @@ class RunData:
     @property
     def empty(self) -> bool:
         return not (self.steps or self.runs or self.events)
+
+    def report(self, thresholds: Mapping[str, float] | None = None) -> RunReport:
+        """The run's report from these points: the one place a loaded run becomes a report."""
+        return build_report(
+            self.steps,
+            self.gpu,
+            self.runs,
+            self.events,
+            thresholds,
+            gpu_events=self.gpu_events,
+            host=self.host,
+            host_process=self.host_process,
+        )
 
 
 def run_window(steps: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:

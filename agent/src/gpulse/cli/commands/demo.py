@@ -211,7 +211,6 @@ def _print_links(args: argparse.Namespace, tl, run_id: str) -> None:
 
 def _report(args: argparse.Namespace, conn, run_id: str) -> int:
     from gpulse.report.load import load_files, load_influx, read_points
-    from gpulse.report.model import build_report
     from gpulse.report.output import write_run_report
 
     if conn.url:
@@ -221,15 +220,7 @@ def _report(args: argparse.Namespace, conn, run_id: str) -> int:
     else:
         rows, _bad = read_points([args.record])
         data = load_files(rows, run_id)
-    report = build_report(
-        data.steps,
-        data.gpu,
-        data.runs,
-        data.events,
-        gpu_events=data.gpu_events,
-        host=data.host,
-        host_process=data.host_process,
-    )
+    report = data.report()
     print()
     _json, html = write_run_report(report, args.out, steps=data.steps, gpu=data.gpu, events=data.events, html=True)
     print(f"the run's report: {html}; again any time: {report_command(args, conn, run_id)}")

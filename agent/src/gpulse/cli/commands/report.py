@@ -60,7 +60,6 @@ def _choose(run: str | None, runs: list[str], where: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from gpulse.report.diagnose import ThresholdError, parse_threshold_args
     from gpulse.report.load import list_runs_influx, load_files, load_influx, read_points, runs_in
-    from gpulse.report.model import build_report
     from gpulse.report.output import write_run_report
 
     try:
@@ -111,16 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if data.empty:
         print(f"gpulse report: no points for run {run_id!r}", file=sys.stderr)
         return 1
-    report = build_report(
-        data.steps,
-        data.gpu,
-        data.runs,
-        data.events,
-        thresholds,
-        gpu_events=data.gpu_events,
-        host=data.host,
-        host_process=data.host_process,
-    )
+    report = data.report(thresholds)
     write_run_report(
         report, args.out, steps=data.steps, gpu=data.gpu, events=data.events, html=args.html, as_json=args.json
     )
