@@ -97,11 +97,14 @@ JOB_TAGS = ("job", "job_user", "account", "partition", "pod", "namespace")
 
 #: What the tags mean where a reader needs telling (``docs/schema.md``).
 TAG_DOCS: dict[str, str] = {
-    "job": "the scheduler's job: the Slurm job id, or the Kubernetes pod UID, from the process's cgroup; on `gpu`, "
+    "job": "the scheduler's job: the Slurm job id, or the Kubernetes pod UID, from the process's cgroup (where it "
+    "names none, the one job a Slurm prolog's mapping gives the GPU: `--slurm-job-dir`); on `gpu`, "
     "the job all processes of the GPU belong to as of the last process sample (absent when none or several); "
     "on training points, the rank's own job (`SLURM_JOB_ID`)",
-    "job_user": "the Slurm job's user: the uid in the job's cgroup path (v1), else the process's owner",
-    "account": "the Slurm job's account (`SLURM_JOB_ACCOUNT` of the process's initial environment, where readable)",
+    "job_user": "the Slurm job's user: the uid in the job's cgroup path (v1), else the process's owner "
+    "(a job from the prolog's mapping: its `SLURM_JOB_USER`)",
+    "account": "the Slurm job's account (`SLURM_JOB_ACCOUNT` of the process's initial environment, where readable, "
+    "else of the job's file in the prolog's mapping)",
     "partition": "the Slurm job's partition (`SLURM_JOB_PARTITION`, as `account`)",
     "pod": "the Kubernetes pod the kubelet allocated the GPU to (pod-resources API), also with no process on it",
     "namespace": "that pod's namespace",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,15 +19,23 @@ from support.fake_pynvml import FakeGpu, FakeNvml
 
 
 def record_agent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], describer: ProcessDescriber
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: list[FakeGpu],
+    describer: ProcessDescriber | None,
+    flags: Sequence[str] = (),
 ) -> list[ParsedLine]:
-    """Every point the agent recorded in 1.6 s (0.25 s cycles, processes every 0.5 s) on ``gpus``."""
+    """Every point the agent recorded in 1.6 s (0.25 s cycles) on ``gpus``.
+
+    With a ``describer``, processes are sampled every 0.5 s by a source made here; without one the
+    agent makes its own source from its settings (``flags`` added), as ``gpulse agent`` does."""
     fake = FakeNvml.install(monkeypatch, gpus=gpus)
     parser = argparse.ArgumentParser()
     agent_cmd.add_arguments(parser)
     args = parser.parse_args(["--record", str(tmp_path / "r.lp"), "--no-socket", "--interval", "0.25",
-                              "--duration", "1.6", "--spool-dir", str(tmp_path / "spool"), "--host", "node-a"])  # fmt: skip
-    source = NvmlSource(events=False, process_interval_s=0.5, describer=describer)
+                              "--duration", "1.6", "--spool-dir", str(tmp_path / "spool"), "--host", "node-a",
+                              *flags])  # fmt: skip
+    source = None if describer is None else NvmlSource(events=False, process_interval_s=0.5, describer=describer)
     assert Agent(load_config(args), source=source, stream=io.StringIO(), tty=False).run() == 0
     fake.check()
     return [parse_line(line) for line in (tmp_path / "r.lp").read_text().splitlines()]

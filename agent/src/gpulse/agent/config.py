@@ -124,6 +124,8 @@ class AgentConfig:
     no_socket: bool = False
     #: do not sample the host beside the GPUs (measurements ``host`` and ``host_process``)
     no_host_metrics: bool = False
+    #: the directory of a Slurm prolog's GPU-to-job mapping (``deploy/slurm/prolog.sh``); None: not read
+    slurm_job_dir: str | None = None
     host: str = ""
     duration: float | None = None
     shutdown_timeout: float = 5.0
@@ -158,6 +160,8 @@ class AgentConfig:
         rec = f", recording to {self.record}" if self.record else ""
         if self.unused_url:
             rec += f" (recording only: {self.unused_url} is not used; add --url to send there too)"
+        if self.slurm_job_dir and not self.simulate:
+            src += f" (Slurm jobs also from {self.slurm_job_dir})"
         return f"{src} every {self.interval:g}s -> {dest}{rec}; spool {self.spool_dir}"
 
 
@@ -176,6 +180,7 @@ _SETTINGS: dict[str, _Conv] = {
     "socket_group": _str,
     "no_socket": _bool,
     "no_host_metrics": _bool,
+    "slurm_job_dir": _str,
     "host": _str,
     "duration": _float,
     "shutdown_timeout": _float,

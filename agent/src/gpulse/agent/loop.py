@@ -73,6 +73,11 @@ def make_source(cfg: AgentConfig) -> GpuSource:
         return SimulatedSource(cfg.simulate, model=cfg.simulate_model, seed=cfg.seed)
     from gpulse.sources.nvml.source import NvmlSource
 
+    if cfg.slurm_job_dir:
+        from gpulse.sources.attribution.slurm_files import SlurmJobFiles
+        from gpulse.sources.processes import ProcessDescriber
+
+        return NvmlSource(describer=ProcessDescriber(slurm=SlurmJobFiles(cfg.slurm_job_dir)))
     return NvmlSource()
 
 

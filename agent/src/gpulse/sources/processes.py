@@ -9,8 +9,9 @@ here raises: a vanished process or an unreachable engine only leaves a field emp
 
 The job comes from the kernel (``sources/attribution``): the Slurm job or Kubernetes pod named by
 the process's cgroup, completed from its initial environment (Slurm account and partition, the
-SLUID's job id) where the kernel lets us read it, and from the kubelet's pod-resources API (pod
-name and namespace) where its socket is mounted. :func:`job_tags` is the one place that turns that
+SLUID's job id) where the kernel lets us read it, from the kubelet's pod-resources API (pod
+name and namespace) where its socket is mounted, and from a Slurm prolog's GPU-to-job mapping
+where configured (``attribution/slurm_files``: the job of a process whose cgroup names none). :func:`job_tags` is the one place that turns that
 into the optional tags of ``gpu_process`` and ``gpu``.
 
 Details are cached by (pid, start time), never by pid alone, so a reused PID is not mistaken for
@@ -32,6 +33,7 @@ from gpulse.sources.attribution import cgroup
 from gpulse.sources.attribution.cgroup import Attribution, Scheduler
 from gpulse.sources.attribution.environ import Environ, read_environ
 from gpulse.sources.attribution.podresources import PodHolder, PodResources
+from gpulse.sources.attribution.slurm_files import NO_MAPPING, SlurmJobFiles, SlurmMapping
 
 log = logging.getLogger(__name__)
 
@@ -186,14 +188,21 @@ class ProcessDescriber:
         namer: ContainerNamer | None = None,
         max_command: int = 256,
         pods: PodResources | None = None,
+        slurm: SlurmJobFiles | None = None,
     ) -> None:
         self.proc_root = proc_root
         self.namer = namer if namer is not None else ContainerNamer()
         #: the kubelet's pod-resources API (answers nothing where its socket is not mounted)
         self.pods = pods if pods is not None else PodResources()
+        #: a Slurm prolog's GPU-to-job mapping (``--slurm-job-dir``), where configured
+        self.slurm = slurm
         self.max_command = max_command
         self._cache: dict[tuple[int, int], ProcessDetails] = {}
         self._users: dict[int, str] = {}
+
+    def slurm_mapping(self) -> SlurmMapping:
+        """The prolog's GPU-to-job mapping as of now; empty where none is configured."""
+        return self.slurm.mapping() if self.slurm is not None else NO_MAPPING
 
     def describe(self, pid: int) -> ProcessDetails:
         base = f"{self.proc_root}/{pid}"

@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="do not sample the host's CPU, memory, disks, network and training processes",
     )
+    g.add_argument(
+        "--slurm-job-dir",
+        metavar="DIR",
+        help="read the GPU-to-job mapping a Slurm prolog writes here (deploy/slurm/prolog.sh: "
+        "/run/gpulse/slurm-jobs), for GPU processes whose cgroup names no job",
+    )
     g.add_argument("--host", metavar="NAME", help="host tag (default: this machine's hostname)")
     g.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: run until signalled)")
     g.add_argument(

@@ -11,9 +11,11 @@ zombie contexts are dropped or clamped. On MIG the parent's utilisation is "not 
 supported" and the fields are absent; each MIG instance's processes come from its own device
 handle and carry its ``mig`` tag.
 
-Each process is tagged with its job (``processes.job_tags``); a GPU is held by a job when all its
-processes belong to that one job, or, with no process on it, when the kubelet allocated it to a
-pod. :attr:`ProcessSampler.holders` keeps that per GPU for the source's ``gpu`` readings.
+Each process is tagged with its job (``processes.job_tags``): the one its cgroup names, completed
+from a Slurm prolog's job file, else the one job the prolog's mapping gives its GPU
+(``attribution/slurm_files``). A GPU is held by a job when all its processes belong to that one
+job, or, with no process on it, when the kubelet allocated it to a pod or the prolog's mapping
+names one job for it. :attr:`ProcessSampler.holders` keeps that per GPU for the source's ``gpu`` readings.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gpulse.schema import JOB_TAGS
+from gpulse.sources.attribution.cgroup import Attribution
 from gpulse.sources.attribution.podresources import PodHolder
+from gpulse.sources.attribution.slurm_files import SlurmMapping
 from gpulse.sources.base import Reading
 from gpulse.sources.nvml import errors as E
 from gpulse.sources.nvml.probe import GpuPlan
@@ -56,15 +60,20 @@ class ProcessSampler:
         util = self._utilization(plan, now_ns) if plan.proc_util is not None else None
         pods = self.describer.pods.holders()
         held_by = pods.get(plan.identity.uuid)
+        slurm = self.describer.slurm_mapping()
+        mapped = slurm.holder(plan.index)
         procs = _memory_by_pid(plan.proc_lists, plan.handle)
-        out = self._readings(plan.index, procs, util, now_ns, None, held_by)
+        out = self._readings(plan.index, procs, util, now_ns, None, held_by, slurm, mapped)
         for m in plan.migs:
             if m.proc_lists:
                 procs = _memory_by_pid(m.proc_lists, m.handle)
-                out += self._readings(plan.index, procs, None, now_ns + len(out), m.tags, pods.get(m.uuid))
+                mig_mapped = slurm.holder(plan.index, m.gpu_instance)
+                out += self._readings(
+                    plan.index, procs, None, now_ns + len(out), m.tags, pods.get(m.uuid), slurm, mig_mapped
+                )
         jobs = [{k: v for k, v in (r.tags or {}).items() if k in JOB_TAGS} for r in out]
-        if not jobs:  # no process: the pod the kubelet gave the GPU to, if any
-            jobs.append(job_tags(None, held_by))
+        if not jobs:  # no process: the job the prolog mapped the GPU to, or the pod the kubelet gave it to
+            jobs.append(job_tags(mapped, held_by))
         self.holders[plan.index] = jobs[0] if all(j == jobs[0] for j in jobs) else {}
         return out
 
@@ -76,7 +85,10 @@ class ProcessSampler:
         ts: int,
         tags: dict[str, str] | None,
         holder: PodHolder | None,
+        slurm: SlurmMapping,
+        mapped: Attribution | None,
     ) -> list[Reading]:
+        """``mapped``: the one job the prolog's mapping gives this GPU, for a process whose cgroup names none."""
         out: list[Reading] = []
         for i, pid in enumerate(sorted(procs)):
             fields: dict[str, Any] = {"pid": pid}
@@ -95,7 +107,7 @@ class ProcessSampler:
             container = container_of(d, holder)
             if container is not None:
                 fields["container"] = container
-            job = job_tags(d.job, holder)
+            job = job_tags(slurm.complete(d.job) if d.job is not None else mapped, holder)
             out.append(Reading("gpu_process", gpu, fields, ts + i, {**tags, **job} if tags else job or None))
         return out
 
