@@ -14,6 +14,7 @@ import re
 import shlex
 import stat
 import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 from support.fake_influx_v2_admin import FakeInfluxV2Admin
 from support.fake_influx_v3 import running
-from support.fixtures import gpulse_cmd
+from support.fixtures import REPO, gpulse_cmd
 
 from gpulse.influx.connection import Connection
 from gpulse.influx.engine_plugin import Edition, plugin_text, triggers
@@ -176,6 +177,10 @@ def test_the_nodes_token_only_writes_the_raw_database_and_grafanas_only_reads_th
         assert agent.returncode == 0, agent.stderr
         final = json.loads((tmp_path / "s.json").read_text())
         assert final["lines_written"] == final["lines_submitted"] > 0 and final["lines_rejected"] == 0
+        check = ("agent", "--check", "--api", "v3", "--url", fake.url, "--token-file", str(nodes), "--simulate", "2")
+        checked = subprocess.run(gpulse_cmd(*check), env=clean_env, capture_output=True, text=True, timeout=120)
+        assert checked.returncode == 0, checked.stdout + checked.stderr  # the check each node runs passes with it
+        assert "bucket: not checked: this token may not list the databases" in checked.stdout
         line = b"gpu,host=x util=1"
         for db in ("gpulse/1m", "gpulse/1h", "other"):  # no other database, not even one a write would create
             assert http(fake, "POST", "/api/v3/write_lp", node, {"db": db}, line) == 403, db
@@ -225,6 +230,26 @@ def test_a_lost_token_file_stops_setup_with_the_command_that_makes_new_tokens_wh
         assert http(fake, "GET", "/ping", old_node, {}) == 401  # the old token is gone
         fake.requests.clear()
         assert run_setup(fake.url, admin, clean_env, *flags).returncode == 0 and mutations(fake) == []
+
+
+def test_the_influxdb_readmes_v3_command_makes_the_enterprise_tokens_where_it_says(tmp_path, clean_env):
+    """``influxdb/README.md`` (Without compose) as a reader types it, with the stand-in's URL for its own."""
+    text = (REPO / "influxdb" / "README.md").read_text()
+    block = text.split("## Without compose", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    command = re.search(r"^gpulse setup --api v3 .*?(?<!\\)$", block, re.M | re.S)[0]
+    home = tmp_path / "home"
+    home.mkdir()
+    token_file(home).rename(home / ".influxdb3-admin-token")
+    env = clean_env | {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{clean_env['PATH']}"}
+    with running(token=TOKEN, edition="enterprise") as fake:
+        shown = command.replace("http://127.0.0.1:8181", fake.url)
+        r = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", shown], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stderr
+        assert {"gpulse-nodes", "gpulse-grafana"} <= set(fake.tokens)
+        for name in ("node-token", "grafana-token"):
+            assert (home / ".gpulse" / name).read_text().startswith("apiv3_")
 
 
 def _report_lines(stdout: str) -> list[tuple[str, str]]:
