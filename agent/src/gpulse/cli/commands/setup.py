@@ -115,17 +115,6 @@ def run(args: argparse.Namespace) -> int:
             )
             if args.grafana_url:
                 _grafana_tenant(args, conn.api, place, report)
-        elif conn.api == "v3":
-            from gpulse.influx.setup.v3 import setup_v3
-
-            report = setup_v3(
-                conn,
-                raw_retention=args.raw_retention,
-                minute_retention=args.minute_retention,
-                grafana_token_file=args.grafana_token_file,
-                node_token_file=args.node_token_file,
-                rotate_tokens=args.rotate_tokens,
-            )
         elif conn.api == "v1":
             from gpulse.influx.setup.v1 import setup_v1
 
@@ -134,13 +123,15 @@ def run(args: argparse.Namespace) -> int:
             report = setup_v1(conn, raw_retention=args.raw_retention, minute_retention=args.minute_retention)
         else:
             from gpulse.influx.setup.v2 import setup_v2
+            from gpulse.influx.setup.v3 import setup_v3
 
-            report = setup_v2(
-                conn,
-                raw_retention=args.raw_retention,
-                minute_retention=args.minute_retention,
-                grafana_token_file=args.grafana_token_file,
-            )
+            layout = {"raw_retention": args.raw_retention, "minute_retention": args.minute_retention}
+            grafana = args.grafana_token_file
+            if conn.api == "v3":
+                tokens = {"node_token_file": args.node_token_file, "rotate_tokens": args.rotate_tokens}
+                report = setup_v3(conn, **layout, grafana_token_file=grafana, **tokens)
+            else:
+                report = setup_v2(conn, **layout, grafana_token_file=grafana)
         for line in report.lines():
             if not (args.quiet and line.startswith("unchanged")):
                 print(line)

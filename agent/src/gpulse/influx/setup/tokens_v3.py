@@ -92,7 +92,7 @@ class ListedToken:
         return self.expiry is not None and self.expiry <= now
 
     def holds(self, token: str) -> bool:
-        """Is ``token`` this one? Without a listed hash (a server started without auth) it cannot be told."""
+        """Is ``token`` this one? Without a listed hash (a server started without auth) any token is taken for it."""
         return hashlib.sha512(token.encode()).hexdigest().startswith(self.hash_prefix)
 
 
