@@ -17,9 +17,13 @@ unknown one -> 401 ``{"error": "the request was not authenticated"}``; another s
 400 (``AuthenticationError::MalformedRequest``). ``/ping`` and ``/health`` need the token too unless
 ``disable_authz`` names them (S ``--disable-authz``, ``influxdb3_commands/src/helpers.rs``
 ``DisableAuthzList``: ``health`` opens ``/health`` and ``/api/v1/health``). ``without_auth`` is
-``--without-auth``. Core has only admin tokens; Enterprise adds resource tokens (per-database read /
-write; documented, not in the public source: :meth:`FakeInfluxV3.add_resource_token` refuses on Core).
-A write with a token that may not write there is 403 with an empty body (H ``Error::ResourceAuthorization``).
+``--without-auth``. What each token may do is :mod:`support.authz_v3` (``influxdb3_authz``): every route
+asks it (a write: ``write`` on the database; InfluxQL and SQL: ``read``; ``/ping``, ``/health``:
+``system:ping:read``, ``system:health:read``; the rest: the admin token), a refusal is 403 with an empty
+body (H ``Error::ResourceAuthorization``), on ``/query`` 401 ``{"error": "unauthorized access"}``. Core has
+only admin tokens (``_admin``, ``*:*:*``); Enterprise makes resource tokens through ``POST
+/api/v3/enterprise/configure/token`` (a route Core does not have: 404 there), and both delete one with
+``DELETE /api/v3/configure/token?token_name=`` and list them in ``system.tokens`` (``_internal``).
 
 **Probes** (H ``ping``, ``health``): ``/ping`` (GET/POST) 200 JSON ``{"product_name", "version",
 "revision", "process_id"}`` with ``X-Influxdb-Build`` and ``X-Influxdb-Version: 3.10.0-nightly``;
@@ -119,7 +123,8 @@ limit. ...``: the message prints the limit, not the count.
 Where it differs: which lines are refused, and the words of ``error_message``, come from the 1.x/2.x
 parser port (:mod:`support.influx_points`), not from IOx's ``influxdb_line_protocol`` crate; line
 numbers count non-blank, non-comment lines; retention
-is not enforced; the processing engine does not run on its own (tests run triggers with
+is not enforced; which permission Enterprise's own endpoints ask is not public (see
+:mod:`support.authz_v3`: the admin token where unknown); the processing engine does not run on its own (tests run triggers with
 :mod:`support.engine_v3`); only the InfluxQL subset of :mod:`support.influxql_v3` is answered (others:
 an in-band error); ``epoch`` other than ``ns`` is not honoured.
 """

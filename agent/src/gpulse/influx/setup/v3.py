@@ -43,7 +43,6 @@ PLUGIN_FILE = Path(engine_plugin.PLUGIN_PATH).name
 #: ``TriggerSettings`` (``influxdb3_catalog/src/log/versions/v4.rs``): a failed run is logged; the next
 #: run's look-back covers its windows again
 TRIGGER_SETTINGS = {"run_async": False, "error_behavior": "log"}
-__all__ = ["INTERNAL_DB", "PLUGIN_FILE", "setup_v3"]
 
 
 @dataclass(frozen=True)
