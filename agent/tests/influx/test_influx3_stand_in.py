@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import time
 import urllib.error
@@ -117,15 +118,127 @@ def test_there_is_no_flux_and_no_2x_management_api_and_the_token_is_checked_befo
     assert DEFAULT_PORT == 8181
 
 
-def test_core_has_only_admin_tokens():
-    with running(token=TOKEN) as core, pytest.raises(ValueError, match="Core has only admin tokens"):
-        core.add_resource_token("reader", "gpulse", {"read"})
-    with running(token=TOKEN, edition="enterprise") as enterprise:
-        enterprise.add_resource_token("reader", "gpulse", {"read"})
-        r = call(enterprise, "POST", "/write", params={"db": "gpulse"}, raw=b"m f=1 1", auth="Token reader")
-        assert (r.status, r.text) == (403, "")  # H Error::ResourceAuthorization: 403, empty body
-        plugin = {"plugin_name": "p.py", "content": "x = 1\n"}
-        assert call(enterprise, "POST", "/api/v3/plugins/files", body=plugin, auth="Token reader").status == 403
+def db_perm(names: list[str], *actions: str) -> dict[str, Any]:
+    return {"resource_type": "db", "resource_names": names, "actions": list(actions)}
+
+
+TOKEN_ROUTE = "/api/v3/enterprise/configure/token"
+SYSTEM_TOKENS = {"db": "_internal", "q": "SELECT * FROM system.tokens", "format": "json"}
+
+
+@pytest.fixture
+def enterprise():
+    with running(token=TOKEN, edition="enterprise") as fake:
+        yield fake
+
+
+def test_core_has_only_admin_tokens_and_no_route_to_make_others(influx3):
+    with pytest.raises(ValueError, match="Core has only admin tokens"):
+        influx3.add_resource_token("reader", [db_perm(["gpulse"], "read")])
+    body = {"token_name": "reader", "permissions": [db_perm(["*"], "read")]}
+    assert call(influx3, "POST", TOKEN_ROUTE, body=body, auth=None).status == 401  # the token before the route
+    r = call(influx3, "POST", TOKEN_ROUTE, body=body)
+    assert (r.status, r.text) == (404, "Not found")  # H perform_routing: Core has no such route
+    listed = call(influx3, "GET", "/api/v3/query_sql", params=SYSTEM_TOKENS).body
+    assert [(t["name"], t["permissions"]) for t in listed] == [("_admin", "*:*:*")]
+
+
+def test_a_resource_token_is_made_once_per_name_from_resource_names_and_its_string_shown_only_then(enterprise):
+    """Docs ``admin/tokens/resource/create``; docs-v2#7063 (``resource_identifier`` is refused); C
+    ``validate_permission_specs``, ``ops/token.rs``; ``influxdb3_system_tables/src/tokens.rs``."""
+    assert write(enterprise, "/api/v3/write_lp", "m f=1 1", db="gpulse").status == 204
+    body = {"token_name": "nodes", "permissions": [db_perm(["gpulse"], "write")]}
+    old_field = [{"resource_type": "db", "resource_identifier": ["gpulse"], "actions": ["write"]}]
+    r = call(enterprise, "POST", TOKEN_ROUTE, body={"token_name": "nodes", "permissions": old_field})
+    assert (r.status, r.text) == (400, "serde json error: missing field `resource_names`")
+    made = call(enterprise, "POST", TOKEN_ROUTE, body=body)
+    assert made.status == 201 and made.body["name"] == "nodes" and made.body["expiry"] is None
+    assert made.body["token"].startswith("apiv3_") and made.body["created_at"].endswith("Z")
+    again = call(enterprise, "POST", TOKEN_ROUTE, body=body)
+    assert (again.status, again.text) == (409, "token name already exists, nodes")
+    for permissions, why in (
+        ([db_perm(["nope"], "read")], "invalid resource name nope"),
+        ([db_perm(["*", "gpulse"], "read")], "mixed wildcard (*) and resource name"),
+        ([db_perm(["gpulse"], "drop")], "action not supported, database action drop"),
+        ([{"resource_type": "*", "resource_names": ["*"], "actions": ["*"]}], "* resource type can only be set for admin token"),
+        ([{"resource_type": "system", "resource_names": ["pong"], "actions": ["read"]}], "invalid resource name pong"),
+    ):  # fmt: skip
+        r = call(enterprise, "POST", TOKEN_ROUTE, body={"token_name": "x", "permissions": permissions})
+        assert (r.status, r.text) == (500, f"cannot parse token permission, {why}"), permissions
+    listed = call(enterprise, "GET", "/api/v3/query_sql", params=SYSTEM_TOKENS).body
+    assert [(t["name"], t["permissions"]) for t in listed] == [("_admin", "*:*:*"), ("nodes", "db:gpulse:write")]
+    assert listed[1]["hash"] == hashlib.sha512(made.body["token"].encode()).hexdigest()[:9]
+    assert made.body["token"] not in json.dumps(listed)  # the server keeps the hash only
+
+    nodes = f"Token {made.body['token']}"
+    other = {"token_name": "y", "permissions": [db_perm(["gpulse"], "read")]}
+    assert call(enterprise, "POST", TOKEN_ROUTE, body=other, auth=nodes).status == 403  # making tokens: admin
+    assert call(enterprise, "GET", "/api/v3/query_sql", params=SYSTEM_TOKENS, auth=nodes).status == 403  # _internal
+    gone = call(enterprise, "DELETE", "/api/v3/configure/token", params={"token_name": "nodes"})
+    assert gone.status == 200 and call(enterprise, "GET", "/ping", auth=nodes).status == 401
+    assert call(enterprise, "DELETE", "/api/v3/configure/token", params={"token_name": "nodes"}).status == 404
+    assert call(enterprise, "DELETE", "/api/v3/configure/token", params={"token_name": "_admin"}).status == 405
+
+
+def test_a_write_token_writes_its_database_only_reads_nothing_and_may_not_ping(enterprise):
+    """P ``is_allowed_access``: the exact database, else ``db:*``, else ``*:*``; H ``Error::ResourceAuthorization``
+    (403, empty); the v1 query handler's ``AuthorizationFailure`` (401 ``unauthorized access``)."""
+    for db in ("gpulse", "other"):
+        assert write(enterprise, "/api/v3/write_lp", "m f=1 1", db=db).status == 204
+    enterprise.add_resource_token("apiv3_w", [db_perm(["gpulse"], "write")])
+    auth = "Token apiv3_w"
+    assert (
+        call(enterprise, "POST", "/api/v3/write_lp", params={"db": "gpulse"}, raw=b"m f=2 2", auth=auth).status == 204
+    )
+    assert call(enterprise, "POST", "/write", params={"db": "gpulse"}, raw=b"m f=3 3", auth=auth).status == 204
+    for db in ("other", "new"):  # another database, and one a write would create (that needs db:*)
+        r = call(enterprise, "POST", "/api/v3/write_lp", params={"db": db}, raw=b"m f=2 2", auth=auth)
+        assert (r.status, r.text) == (403, ""), db
+    q = call(enterprise, "GET", "/query", params={"db": "gpulse", "q": "SELECT * FROM m"}, auth=auth)
+    assert (q.status, q.body) == (401, {"error": "unauthorized access"})
+    sql = {"db": "gpulse", "q": "SELECT * FROM m", "format": "json"}
+    assert call(enterprise, "GET", "/api/v3/query_sql", params=sql, auth=auth).status == 403
+    assert call(enterprise, "GET", "/ping", auth=auth).status == 403  # needs system:ping:read
+    assert call(enterprise, "GET", "/api/v3/configure/database", params={"format": "json"}, auth=auth).status == 403
+    assert sorted(r["f"] for r in enterprise.engine.rows("gpulse", "m")) == [1.0, 2.0, 3.0]
+
+
+def test_a_read_token_reads_its_databases_and_pings_as_granted_and_writes_nothing(enterprise):
+    for db in ("gpulse", "gpulse/1m", "other"):
+        assert write(enterprise, "/api/v3/write_lp", "m f=1 1", db=db).status == 204
+    ping = {"resource_type": "system", "resource_names": ["ping"], "actions": ["read"]}
+    enterprise.add_resource_token("apiv3_r", [db_perm(["gpulse", "gpulse/1m"], "read"), ping])
+    auth = "Token apiv3_r"
+    for db in ("gpulse", "gpulse/1m"):
+        q = call(enterprise, "GET", "/query", params={"db": db, "q": "SELECT * FROM m"}, auth=auth)
+        assert q.status == 200 and q.body["results"][0]["series"][0]["values"], db
+    assert call(enterprise, "GET", "/query", params={"db": "other", "q": "SELECT * FROM m"}, auth=auth).status == 401
+    # SHOW DATABASES lists what the token may describe: read is not describe
+    assert call(enterprise, "GET", "/query", params={"q": "SHOW DATABASES"}, auth=auth).status == 401
+    assert (
+        call(enterprise, "POST", "/api/v3/write_lp", params={"db": "gpulse"}, raw=b"m f=2 2", auth=auth).status == 403
+    )
+    assert call(enterprise, "GET", "/ping", auth=auth).status == 200
+    assert call(enterprise, "GET", "/health", auth=auth).status == 403  # system:health:read not granted
+
+
+def test_wildcards_cover_databases_not_made_yet_and_an_expired_token_is_unknown(enterprise):
+    enterprise.add_resource_token("apiv3_any", [db_perm(["*"], "write")])
+    r = call(enterprise, "POST", "/api/v3/write_lp", params={"db": "new"}, raw=b"m f=1 1", auth="Token apiv3_any")
+    assert r.status == 204  # get_permission_without_resource_identifier: db:* matches a database to be
+    body = {"token_name": "brief", "permissions": [db_perm(["new"], "read")], "expiry_secs": 0}
+    made = call(enterprise, "POST", TOKEN_ROUTE, body=body)
+    assert made.status == 201 and made.body["expiry"] is not None
+    assert (
+        call(
+            enterprise,
+            "GET",
+            "/query",
+            params={"db": "new", "q": "SELECT * FROM m"},
+            auth=f"Token {made.body['token']}",
+        ).status
+        == 401
+    )
 
 
 # -- writes --------------------------------------------------------------------------------------------

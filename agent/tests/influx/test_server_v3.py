@@ -38,6 +38,18 @@ def test_without_the_token_ping_is_a_credentials_problem_not_something_else():
     assert "apiv3_not-it" not in str(wrong.value)
 
 
+def test_an_enterprise_token_that_may_not_ping_is_a_credentials_problem_that_names_the_permission():
+    """Enterprise answers ``/ping`` only to a token with ``system:ping:read`` (support.authz_v3)."""
+    write_only = [{"resource_type": "db", "resource_names": ["*"], "actions": ["write"]}]
+    with running(token=TOKEN, edition="enterprise") as fake:
+        fake.add_resource_token("apiv3_writer", write_only)
+        with pytest.raises(ServerProblem) as refused:
+            probe_connection(v3(fake.url, token="apiv3_writer"))
+    assert refused.value.diagnosis.problem is Problem.CREDENTIALS
+    assert "HTTP 403" in str(refused.value) and "system:ping:read" in str(refused.value)
+    assert "--token-file FILE" in refused.value.diagnosis.fix
+
+
 def test_an_open_ping_is_read_as_3x_without_a_token():
     with running(token=TOKEN, disable_authz=("ping",)) as fake:
         info = probe(fake.url)

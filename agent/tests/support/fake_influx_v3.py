@@ -17,9 +17,13 @@ unknown one -> 401 ``{"error": "the request was not authenticated"}``; another s
 400 (``AuthenticationError::MalformedRequest``). ``/ping`` and ``/health`` need the token too unless
 ``disable_authz`` names them (S ``--disable-authz``, ``influxdb3_commands/src/helpers.rs``
 ``DisableAuthzList``: ``health`` opens ``/health`` and ``/api/v1/health``). ``without_auth`` is
-``--without-auth``. Core has only admin tokens; Enterprise adds resource tokens (per-database read /
-write; documented, not in the public source: :meth:`FakeInfluxV3.add_resource_token` refuses on Core).
-A write with a token that may not write there is 403 with an empty body (H ``Error::ResourceAuthorization``).
+``--without-auth``. What each token may do is :mod:`support.authz_v3` (``influxdb3_authz``): every route
+asks it (a write: ``write`` on the database; InfluxQL and SQL: ``read``; ``/ping``, ``/health``:
+``system:ping:read``, ``system:health:read``; the rest: the admin token), a refusal is 403 with an empty
+body (H ``Error::ResourceAuthorization``), on ``/query`` 401 ``{"error": "unauthorized access"}``. Core has
+only admin tokens (``_admin``, ``*:*:*``); Enterprise makes resource tokens through ``POST
+/api/v3/enterprise/configure/token`` (a route Core does not have: 404 there), and both delete one with
+``DELETE /api/v3/configure/token?token_name=`` and list them in ``system.tokens`` (``_internal``).
 
 **Probes** (H ``ping``, ``health``): ``/ping`` (GET/POST) 200 JSON ``{"product_name", "version",
 "revision", "process_id"}`` with ``X-Influxdb-Build`` and ``X-Influxdb-Version: 3.10.0-nightly``;
@@ -119,7 +123,8 @@ limit. ...``: the message prints the limit, not the count.
 Where it differs: which lines are refused, and the words of ``error_message``, come from the 1.x/2.x
 parser port (:mod:`support.influx_points`), not from IOx's ``influxdb_line_protocol`` crate; line
 numbers count non-blank, non-comment lines; retention
-is not enforced; the processing engine does not run on its own (tests run triggers with
+is not enforced; which permission Enterprise's own endpoints ask is not public (see
+:mod:`support.authz_v3`: the admin token where unknown); the processing engine does not run on its own (tests run triggers with
 :mod:`support.engine_v3`); only the InfluxQL subset of :mod:`support.influxql_v3` is answered (others:
 an in-band error); ``epoch`` other than ``ns`` is not honoured.
 """
@@ -137,14 +142,16 @@ import time
 import urllib.parse
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import authz_v3 as authz
 from . import influxql_v3 as influxql
 from .engine_v3 import Engine, QueryError, load_plugin
 from .influx_points import parse_points
@@ -156,6 +163,7 @@ GEN1_BLOCK_NS = 10 * 60 * 10**9  # --gen1-duration default
 DB_LIMIT = {"core": 5, "enterprise": 100}  # S CORE_NUM_DBS_LIMIT; Enterprise per the research notes
 COLUMN_LIMIT = 500  # S CORE_NUM_COLUMNS_PER_TABLE_LIMIT
 UNAUTHENTICATED = {"error": "the request was not authenticated"}
+UNAUTHORIZED_QUERY = {"error": "unauthorized access"}  # H IntoResponse for iox_v1_query_api::HttpError
 MALFORMED_AUTH = {
     "error": "Authorization header was malformed, the request was not in the form of 'Authorization: "
     "<auth-scheme> <token>', supported auth-schemes are Bearer, Token and Basic"
@@ -204,6 +212,7 @@ class LineError:
 @dataclass
 class Database:
     retention_period_s: int | None = None
+    id: int = -1  # DbId: what a token's permission names (0 is _internal)
     deleted: bool = False
     columns: dict[str, dict[str, str]] = field(default_factory=dict)  # table -> column -> tag|<field type>
 
@@ -344,6 +353,20 @@ def guess_precision(ts: int) -> int:
     return 10**9 if val < 5 else 10**6 if val < 5_000 else 1000 if val < 5_000_000 else 1
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 10**6
+
+
+def _rfc3339(ms: int) -> str:
+    """chrono's ``DateTime<Utc>`` as serde writes it: ``2025-04-18T14:02:45.331Z``."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _arrow_ms(ms: int) -> str:
+    """A ``Timestamp(Millisecond, None)`` as arrow's JSON writer prints it: ``2025-04-18T14:02:45.331``."""
+    return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None).isoformat(timespec="milliseconds")
+
+
 class _Handler(BaseHTTPRequestHandler):
     """Every method goes to :meth:`FakeInfluxV3._serve` (HTTP/1.1, keep-alive, quiet)."""
 
@@ -376,8 +399,9 @@ class FakeInfluxV3:
         if edition not in DB_LIMIT:
             raise ValueError(f"edition {edition!r}: core or enterprise")
         self.edition = edition
-        self.admin_tokens = {token}
-        self.resource_tokens: dict[str, dict[str, set[str]]] = {}  # token -> database -> {"read", "write"}
+        #: token name -> its catalog entry (the hash, never the string): the operator token ``_admin`` first
+        self.tokens: dict[str, authz.Token] = {authz.ADMIN_NAME: authz.admin_token(0, token, _now_ms())}
+        self._next_db_id = 1
         self.open_paths = {
             p for r in disable_authz for p in {"health": ("/health", "/api/v1/health")}.get(r, (f"/{r}",))
         }
@@ -431,11 +455,35 @@ class FakeInfluxV3:
             raise Refused(500, f"Processing engine error: plugin error: path escapes the plugin directory: {filename}")
         return path
 
-    def add_resource_token(self, token: str, database: str, actions: set[str]) -> None:
-        """An Enterprise resource token (``read``/``write`` on one database); Core has only admin tokens."""
+    def add_resource_token(self, token: str, permissions: list[dict[str, Any]], name: str | None = None) -> None:
+        """An Enterprise resource token with this string, as the token route makes one (Core has only admin
+        tokens); :class:`support.authz_v3.CannotParsePermission` for permissions the catalog refuses."""
         if self.edition == "core":
             raise ValueError("InfluxDB 3 Core has only admin tokens; resource tokens are Enterprise only")
-        self.resource_tokens.setdefault(token, {})[database] = set(actions)
+        with self._lock:
+            grants, text = authz.grants_from_specs(permissions, self._db_id)
+            name = name or f"token {len(self.tokens)}"
+            self.tokens[name] = authz.Token(
+                max(t.id for t in self.tokens.values()) + 1,
+                name,
+                authz.token_hash(token),
+                _now_ms(),
+                None,
+                grants,
+                text,
+            )
+
+    def _db_id(self, name: str) -> int | None:
+        """The id of a database that exists (``_internal`` is 0), else None (C ``db_name_to_id``)."""
+        if name == "_internal":
+            return authz.INTERNAL_DB_ID
+        db = self.databases.get(name)
+        return None if db is None or db.deleted else db.id
+
+    def _new_database(self, retention_s: int | None = None) -> Database:
+        db = Database(retention_s, self._next_db_id)
+        self._next_db_id += 1
+        return db
 
     def snapshot(self) -> int:
         """Persist what was written since the last snapshot: one Parquet file per table per block; files written."""
@@ -482,35 +530,57 @@ class FakeInfluxV3:
         token = None
         if not (self.without_auth or path in self.open_paths):
             token = self._authenticate(path, params, headers)
-        routes = {
-            ("POST", "/write"): lambda: self._legacy_write(token, query, params, headers, raw, v2=False),
-            ("POST", "/api/v2/write"): lambda: self._legacy_write(token, query, params, headers, raw, v2=True),
-            ("POST", "/api/v3/write_lp"): lambda: self._write_lp(token, query, params, headers, raw),
-            ("GET", "/query"): lambda: self._influxql(params),
-            ("POST", "/query"): lambda: self._influxql({**params, **self._form(headers, raw)}),
-            ("GET", "/health"): lambda: Answer(200, "OK", {"Content-Type": "text/plain; charset=utf-8"}),
-            ("GET", "/api/v1/health"): lambda: Answer(200, "OK", {"Content-Type": "text/plain; charset=utf-8"}),
-            ("GET", "/ping"): self._ping,
-            ("POST", "/ping"): self._ping,
-            ("GET", "/api/v3/configure/database"): lambda: self._show_databases(params),
-            ("POST", "/api/v3/configure/database"): lambda: self._create_database(headers, raw),
-            ("PUT", "/api/v3/configure/database"): lambda: self._update_database(headers, raw),
-            ("DELETE", "/api/v3/configure/database"): lambda: self._delete_database(params),
-            ("POST", "/api/v3/plugins/files"): lambda: self._plugin_file(token, headers, raw, create=True),
-            ("PUT", "/api/v3/plugins/files"): lambda: self._plugin_file(token, headers, raw, create=False),
-            ("POST", "/api/v3/configure/processing_engine_trigger"): lambda: self._create_trigger(query, headers, raw),
-            ("DELETE", "/api/v3/configure/processing_engine_trigger"): lambda: self._delete_trigger(params),
-            ("GET", "/api/v3/query_sql"): lambda: self._query_sql(params),
-        }
-        handler = routes.get((method, path))
-        if handler is None and method in ("GET", "POST") and path.startswith("/api/v3/engine/"):
+        admin, health = authz.Request.admin(), authz.Request.system("health")
+        text_ok = Answer(200, "OK", {"Content-Type": "text/plain; charset=utf-8"})
+        #: (method, path) -> (what the token must be allowed, None where the handler asks it, the handler)
+        routes: dict[tuple[str, str], tuple[authz.Request | None, Callable[[], Answer]]] = {
+            ("POST", "/write"): (None, lambda: self._legacy_write(token, query, params, headers, raw, v2=False)),
+            ("POST", "/api/v2/write"): (None, lambda: self._legacy_write(token, query, params, headers, raw, v2=True)),
+            ("POST", "/api/v3/write_lp"): (None, lambda: self._write_lp(token, query, params, headers, raw)),
+            ("GET", "/query"): (None, lambda: self._influxql(token, params)),
+            ("POST", "/query"): (None, lambda: self._influxql(token, {**params, **self._form(headers, raw)})),
+            ("GET", "/health"): (health, lambda: text_ok),
+            ("GET", "/api/v1/health"): (health, lambda: text_ok),
+            ("GET", "/ping"): (authz.Request.system("ping"), self._ping),
+            ("POST", "/ping"): (authz.Request.system("ping"), self._ping),
+            ("GET", "/api/v3/configure/database"): (admin, lambda: self._show_databases(params)),
+            ("POST", "/api/v3/configure/database"): (admin, lambda: self._create_database(headers, raw)),
+            ("PUT", "/api/v3/configure/database"): (admin, lambda: self._update_database(headers, raw)),
+            ("DELETE", "/api/v3/configure/database"): (admin, lambda: self._delete_database(params)),
+            ("POST", "/api/v3/plugins/files"): (admin, lambda: self._plugin_file(headers, raw, create=True)),  # H authorize_admin
+            ("PUT", "/api/v3/plugins/files"): (admin, lambda: self._plugin_file(headers, raw, create=False)),
+            ("POST", "/api/v3/configure/processing_engine_trigger"): (admin, lambda: self._create_trigger(query, headers, raw)),
+            ("DELETE", "/api/v3/configure/processing_engine_trigger"): (admin, lambda: self._delete_trigger(params)),
+            ("GET", "/api/v3/query_sql"): (None, lambda: self._query_sql(token, params)),
+            ("DELETE", "/api/v3/configure/token"): (admin, lambda: self._delete_token(params)),  # H delete_token
+        }  # fmt: skip
+        if self.edition == "enterprise":  # the route Core does not have: 404 there, after the token
+            routes[("POST", "/api/v3/enterprise/configure/token")] = (admin, lambda: self._create_token(headers, raw))
+        found = routes.get((method, path))
+        if found is None and method in ("GET", "POST") and path.startswith("/api/v3/engine/"):
+            self._allow(token, admin)
             return self._request_trigger(path.removeprefix("/api/v3/engine/"), params, headers, raw)
-        if handler is None:
+        if found is None:
             return Answer(404, "Not found")
+        need, handler = found
+        if need is not None:
+            self._allow(token, need)
         return handler()
 
-    def _authenticate(self, path: str, params: dict[str, str], headers: Any) -> str:
-        """H ``authenticate_request``: the token, or :class:`Refused` 401/400."""
+    @staticmethod
+    def _may(token: authz.Token | None, request: authz.Request) -> bool:
+        return token is None or token.allows(request)
+
+    @staticmethod
+    def _allow(token: authz.Token | None, request: authz.Request) -> None:
+        """The authorizer (:mod:`support.authz_v3`); a refusal is 403 with an empty body (H
+        ``Error::ResourceAuthorization``). No token: the server was started without auth, or not for this path."""
+        if token is not None and not token.allows(request):
+            raise Refused(403, None)
+
+    def _authenticate(self, path: str, params: dict[str, str], headers: Any) -> authz.Token:
+        """H ``authenticate_request``: the token's catalog entry, or :class:`Refused` 401/400; an expired
+        token is refused as an unknown one (``AuthenticatorError::ExpiredToken``, mapped to ``Unauthenticated``)."""
         token = params.get("p") if path in ("/query", "/write") else None
         header = headers.get("Authorization")
         if token is None and header is not None:
@@ -525,9 +595,14 @@ class FakeInfluxV3:
                     raise Refused(400, MALFORMED_AUTH) from None
                 if not sep or ":" in user:
                     raise Refused(400, MALFORMED_AUTH)
-        if token is None or not (token in self.admin_tokens or token in self.resource_tokens):
+        if token is None:
             raise Refused(401, UNAUTHENTICATED)
-        return token
+        digest = authz.token_hash(token)
+        with self._lock:
+            found = next((t for t in self.tokens.values() if t.hash == digest), None)
+        if found is None or found.expired(_now_ms()):
+            raise Refused(401, UNAUTHENTICATED)
+        return found
 
     def _ping(self) -> Answer:
         body = {"product_name": f"InfluxDB 3 {self.edition.title()}", "version": VERSION, "revision": "d783411"}
@@ -543,7 +618,7 @@ class FakeInfluxV3:
 
     # -- writes ----------------------------------------------------------------------------------
     def _legacy_write(
-        self, token: str | None, query: str, params: dict[str, str], headers: Any, raw: bytes, *, v2: bool
+        self, token: authz.Token | None, query: str, params: dict[str, str], headers: Any, raw: bytes, *, v2: bool
     ) -> Answer:
         """``core/iox_http/src/write/{v1,v2}.rs`` and ``single_tenant/mod.rs``: the database, then the write."""
         what = "org/bucket/precision" if v2 else "db/rp/precision"
@@ -579,7 +654,9 @@ class FakeInfluxV3:
             code = {413: "request too large"}.get(e.answer.status, "invalid")
             raise Refused(413 if code == "request too large" else 400, {"code": code, "message": why}) from None
 
-    def _write_lp(self, token: str | None, query: str, params: dict[str, str], headers: Any, raw: bytes) -> Answer:
+    def _write_lp(
+        self, token: authz.Token | None, query: str, params: dict[str, str], headers: Any, raw: bytes
+    ) -> Answer:
         if not query:
             raise Refused(400, "missing query parameter 'db'")
         if "db" not in params:
@@ -591,12 +668,12 @@ class FakeInfluxV3:
         return self._write(token, params["db"], precision, accept_partial, headers, raw)
 
     def _write(
-        self, token: str | None, db: str, precision: int, accept_partial: bool, headers: Any, raw: bytes
+        self, token: authz.Token | None, db: str, precision: int, accept_partial: bool, headers: Any, raw: bytes
     ) -> Answer:
         """H ``write_lp_inner``: the name, the body, then V's line-by-line validation; 204 or an error."""
         validate_db_name(db)
-        if token in self.resource_tokens and "write" not in self.resource_tokens[token].get(db, set()):
-            raise Refused(403, None)
+        with self._lock:
+            self._allow(token, authz.Request.database(self._db_id(db), authz.WRITE))
         body = self._read_body(headers, raw)
         try:
             text = body.decode("utf-8")
@@ -617,7 +694,7 @@ class FakeInfluxV3:
                 if sum(1 for d in self.databases.values() if not d.deleted) >= DB_LIMIT[self.edition]:
                     limit = DB_LIMIT[self.edition]
                     raise Refused(422, {"error": f"Adding a new database would exceed limit of {limit} databases"})
-                database = Database()
+                database = self._new_database()
             elif database.deleted:
                 why = f"cannot write to soft-deleted database '{db}' - it is marked for deletion"
                 raise Refused(400, {"error": why})
@@ -743,7 +820,7 @@ class FakeInfluxV3:
                 raise Refused(
                     422, {"error": f"Adding a new database would exceed limit of {DB_LIMIT[self.edition]} databases"}
                 )
-            self.databases[body["db"]] = Database(retention)
+            self.databases[body["db"]] = self._new_database(retention)
         return Answer(200)
 
     def _update_database(self, headers: Any, raw: bytes) -> Answer:
@@ -778,9 +855,7 @@ class FakeInfluxV3:
         return Answer(200)
 
     # -- plugins and triggers ------------------------------------------------------------------
-    def _plugin_file(self, token: str | None, headers: Any, raw: bytes, *, create: bool) -> Answer:
-        if token is not None and token not in self.admin_tokens:
-            raise Refused(403, None)  # H authorize_admin
+    def _plugin_file(self, headers: Any, raw: bytes, *, create: bool) -> Answer:
         body = self._json_body(headers, raw)
         self._required(body, "plugin_name", "content")
         with self._lock:
@@ -837,12 +912,70 @@ class FakeInfluxV3:
             del self.triggers[t.name]
         return Answer(200)
 
-    def _query_sql(self, params: dict[str, str]) -> Answer:
-        """H ``query_sql``: the system tables setup and doctor read, else SQL on the database's tables."""
+    # -- tokens ----------------------------------------------------------------------------------
+    def _create_token(self, headers: Any, raw: bytes) -> Answer:
+        """``POST /api/v3/enterprise/configure/token`` (Enterprise: docs ``admin/tokens/resource/create``): the
+        body's permissions name ``resource_names`` (``resource_identifier`` is refused by serde: docs-v2#7063);
+        C ``create_token_with_permission``: the permissions checked, then the name (409, ``ops/token.rs``
+        ``CreateResourceScopedTokenOp``); 201 with ``CreateTokenWithPermissionsResponse``
+        (``influxdb3_types/src/http.rs``), the only time the token string is shown."""
+        body = self._json_body(headers, raw)
+        self._required(body, "token_name", "permissions")
+        if not isinstance(body["permissions"], list) or not all(isinstance(p, dict) for p in body["permissions"]):
+            raise Refused(400, "serde json error: permissions: expected a sequence of objects")
+        for spec in body["permissions"]:
+            self._required(spec, "resource_type", "resource_names", "actions")
+        secs = body.get("expiry_secs")
+        if secs is not None and (not isinstance(secs, int) or isinstance(secs, bool) or secs < 0):
+            raise Refused(400, f"serde json error: expiry_secs: invalid value {secs!r}, expected u64")
+        name = str(body["token_name"])
+        with self._lock:
+            try:
+                grants, text = authz.grants_from_specs(body["permissions"], self._db_id)
+            except authz.CannotParsePermission as e:
+                raise Refused(500, str(e)) from None  # CatalogError into_response: the rest are 500
+            if name in self.tokens:
+                raise Refused(409, f"token name already exists, {name}")  # H Error::Catalog(TokenNameAlreadyExists)
+            token, now = authz.new_token_string(), _now_ms()
+            expiry = None if secs is None else now + secs * 1000
+            entry = authz.Token(max(t.id for t in self.tokens.values()) + 1, name, authz.token_hash(token), now, expiry, grants, text)  # fmt: skip
+            self.tokens[name] = entry
+        answer = {"id": entry.id, "name": name, "token": token, "hash": entry.hash.hex(), "created_at": _rfc3339(now),
+                  "expiry": None if expiry is None else _rfc3339(expiry)}  # fmt: skip
+        return Answer(201, answer, {"Content-Type": "json"})  # sic, as H create_named_admin_token
+
+    def _delete_token(self, params: dict[str, str]) -> Answer:
+        """H ``delete_token`` (C ``delete_token``): 405 for the operator token, 404 for a name that is not there."""
+        self._required(params, "token_name")
+        name = params["token_name"]
+        with self._lock:
+            if name == authz.ADMIN_NAME:
+                raise Refused(405, "cannot delete operator token")
+            if name not in self.tokens:
+                raise Refused(404, f"the requested resource was not found: {name}")
+            del self.tokens[name]
+        return Answer(200)
+
+    def _token_row(self, t: authz.Token) -> dict[str, Any]:
+        """A row of ``system.tokens`` (``influxdb3_system_tables/src/tokens.rs``): the hash's first 9 hex digits
+        (only when started with auth), times as arrow's JSON writes a timestamp without zone; the
+        permissions as given (the public source prints Core's ``*:*:*`` only, so the text is approximated)."""
+        row: dict[str, Any] = {"token_id": t.id, "name": t.name}
+        if not self.without_auth:
+            row["hash"] = t.hash.hex()[:9]
+        row["created_at"] = _arrow_ms(t.created_at_ms)
+        row["expiry"] = None if t.expiry_ms is None else _arrow_ms(t.expiry_ms)
+        row["permissions"] = t.text
+        return row
+
+    def _query_sql(self, token: authz.Token | None, params: dict[str, str]) -> Answer:
+        """H ``query_sql``: the system tables setup and doctor read, else SQL on the database's tables; the
+        token must read the database (``_internal``: an admin token)."""
         self._required(params, "db", "q")
         db, q = params["db"], params["q"]
         m = re.fullmatch(r"\s*SELECT\s+\*\s+FROM\s+system\.(\w+)\s*;?\s*", q, re.IGNORECASE)
         with self._lock:
+            self._allow(token, authz.Request.database(self._db_id(db), authz.READ))
             if db != "_internal":
                 self._active(db)
             if m is None:
@@ -856,11 +989,13 @@ class FakeInfluxV3:
         return Answer(200, rows, {"Content-Type": "application/json"})
 
     def _system_table(self, db: str, table: str) -> list[dict[str, Any]]:
-        internal = {"databases", "plugin_files"}
+        internal = {"databases", "plugin_files", "tokens"}
         per_database = {"processing_engine_triggers", "processing_engine_trigger_arguments"}
         if (table in internal and db != "_internal") or table not in internal | per_database:
             raise Refused(400, {"error": f"Error during planning: table 'public.system.{table}' not found"})
         triggers = [t for t in self.triggers.values() if t.db == db]
+        if table == "tokens":
+            return [self._token_row(t) for t in sorted(self.tokens.values(), key=lambda t: t.id)]
         if table == "databases":
             return [
                 {"database_name": n, "retention_period_ns": None if d.retention_period_s is None else d.retention_period_s * 10**9,
@@ -910,18 +1045,25 @@ class FakeInfluxV3:
         )
 
     # -- InfluxQL ------------------------------------------------------------------------------
-    def _influxql(self, params: dict[str, str]) -> Answer:
+    def _influxql(self, token: authz.Token | None, params: dict[str, str]) -> Answer:
         q = params.get("q")
         if not q:
             raise Refused(400, {"error": "missing query parameter 'q'"})
         try:
-            result = self._statement(q, params.get("db") or None)
-        except (Refused, QueryError) as e:
-            result = {"error": e.answer.body if isinstance(e, Refused) else str(e)}
+            result = self._statement(token, q, params.get("db") or None)
+        except Refused as e:
+            if e.answer.status == 401:  # refused by the authorizer: an HTTP error, not an in-band one
+                raise
+            result = {"error": e.answer.body}
+        except QueryError as e:
+            result = {"error": str(e)}
         return Answer(200, {"results": [{"statement_id": 0, **result}]}, {"Content-Type": "application/json"})
 
-    def _statement(self, q: str, request_db: str | None) -> dict[str, Any]:
-        """One statement of :mod:`support.influxql_v3`'s subset, planned onto DataFusion SQL."""
+    def _statement(self, token: authz.Token | None, q: str, request_db: str | None) -> dict[str, Any]:
+        """One statement of :mod:`support.influxql_v3`'s subset, planned onto DataFusion SQL, after the
+        authorizer (``core/iox_v1_query_api/src/handler.rs``): ``SHOW DATABASES`` lists the databases the token
+        may ``describe``, any other statement needs ``read`` on its database; a token allowed none is 401
+        ``unauthorized access`` (``AuthorizationFailure``, H ``IntoResponse for HttpError``)."""
         try:
             st = influxql.parse(q)
         except influxql.Unsupported as e:
@@ -929,12 +1071,18 @@ class FakeInfluxV3:
         if isinstance(st, influxql.ShowDatabases):
             with self._lock:
                 names = sorted(n for n, d in self.databases.items() if not d.deleted)
+                allowed = [n for n in names if self._may(token, authz.Request.database(self._db_id(n), authz.DESCRIBE))]
+            if names and not allowed:
+                raise Refused(401, UNAUTHORIZED_QUERY)
+            names = allowed
             return {"series": [{"name": "databases", "columns": ["name"], "values": [[n] for n in names]}]}
         db = st.source.database or request_db
         if db is None:
             raise Refused(400, "must specify a 'db' parameter, or provide the database in the InfluxQL query")
         measurement = st.source.measurement
         with self._lock:
+            if not self._may(token, authz.Request.database(self._db_id(db), authz.READ)):
+                raise Refused(401, UNAUTHORIZED_QUERY)
             if db not in self.databases or self.databases[db].deleted:
                 raise Refused(400, f"Database {db} not found")  # handler.rs plan_query: Error::DatabaseNotFound
             table = self.engine.databases.get(db, {}).get(measurement)

@@ -170,6 +170,15 @@ def probe(
                 "",  # probe_connection says where credentials come from and what to put there
             )
         )
+    if not version and r.status == 403 and authorization:  # InfluxDB 3 Enterprise: a token not allowed to ping
+        raise ServerProblem(
+            Diagnosis(
+                Problem.CREDENTIALS,
+                f"{url} knows the token but does not let it ask /ping (HTTP 403; on InfluxDB 3 Enterprise a "
+                "token needs the permission system:ping:read, which the tokens gpulse setup makes have)",
+                "",
+            )
+        )
     if not version and (r.status >= 500 or r.status == 429):  # a proxy whose InfluxDB is down or busy
         raise ServerProblem(
             Diagnosis(

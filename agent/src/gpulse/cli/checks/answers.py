@@ -19,8 +19,9 @@ def refusal(name: str, status: int | None, message: str, diagnosis: Any) -> Resu
     return fail(name, f"{diagnosis.detail} ({answer})", diagnosis.fix)
 
 
-def get_json(ctx: Context, path: str, params: dict[str, Any], *, name: str = "token") -> Any:
-    """GET a management endpoint (v2 or v3): the decoded JSON, or the failed :class:`Result` (refusals classified)."""
+def get_json(ctx: Context, path: str, params: dict[str, Any], *, name: str = "token", forbidden: Any = None) -> Any:
+    """GET a management endpoint (v2 or v3): the decoded JSON, or the failed :class:`Result` (refusals classified);
+    ``forbidden``, when given, instead of the failure for a 403 (a token the server knows, not allowed there)."""
     from gpulse.influx.http import HTTPStatusError, TransportError
     from gpulse.influx.server import Explainer
 
@@ -29,6 +30,8 @@ def get_json(ctx: Context, path: str, params: dict[str, Any], *, name: str = "to
             return client.get_json(path, params=params)
     except HTTPStatusError as e:
         status, message = e.response.status, e.response.message()
+        if status == 403 and forbidden is not None:
+            return forbidden
         return refusal(name, status, message, Explainer(ctx.conn, ctx.server).diagnose(status, message))
     except TransportError as e:
         return fail(name, e.describe(), "see the database check")

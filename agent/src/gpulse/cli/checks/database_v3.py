@@ -6,6 +6,10 @@ plugin. So: the token lists the databases (``GET /api/v3/configure/database``), 
 exists, the tiers' databases exist (``system.databases``: their retention), and the triggers and the
 plugin file are there as this gpulse generates them (``system.processing_engine_triggers``,
 ``..._trigger_arguments``, ``system.plugin_files``; ``influxdb3_system_tables/src``).
+
+On Enterprise a resource token (the nodes' write-only one, :mod:`gpulse.influx.setup.tokens_v3`) may
+be refused the databases list (403) although the server knows it (the probe passed with it): the token
+check says so and passes, and the database checks, which that token cannot make, are skipped.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from gpulse.cli.checks.answers import get_json
-from gpulse.cli.checks.base import Context, Result, fail, ok
+from gpulse.cli.checks.base import Context, Result, fail, ok, skip
+
+#: the databases list was refused to a token the server knows (403): an Enterprise resource token
+NOT_LISTED = object()
 
 
 def _get(ctx: Context, path: str, params: dict[str, Any], name: str) -> Any:
@@ -25,9 +32,11 @@ def _system(ctx: Context, db: str, table: str, name: str) -> list[dict[str, Any]
     return rows if isinstance(rows, Result) else list(rows or [])
 
 
-def _databases(ctx: Context, name: str) -> set[str] | Result:
-    rows = _get(ctx, "/api/v3/configure/database", {"format": "json"}, name)
-    return rows if isinstance(rows, Result) else {r.get("iox::database") for r in rows or []}
+def _databases(ctx: Context, name: str) -> Any:
+    """The database names, a failed :class:`Result`, or :data:`NOT_LISTED` (Enterprise refused this token the list)."""
+    forbidden = NOT_LISTED if getattr(ctx.server, "edition", "") == "enterprise" else None
+    rows = get_json(ctx, "/api/v3/configure/database", {"format": "json"}, name=name, forbidden=forbidden)
+    return rows if isinstance(rows, Result) or rows is NOT_LISTED else {r.get("iox::database") for r in rows or []}
 
 
 def check_token(ctx: Context) -> Result:
@@ -35,6 +44,12 @@ def check_token(ctx: Context) -> Result:
     if isinstance(names, Result):
         return names
     conn = ctx.conn
+    if names is NOT_LISTED:
+        return ok(
+            "token",
+            f"token from {conn.token_source} accepted on /ping; it may not list the databases (an InfluxDB 3 "
+            "Enterprise resource token, like the nodes' write-only one): a write shows what it may write",
+        )
     return ok("token", f"token from {conn.token_source} accepted" if conn.token else "the server asks for no token")
 
 
@@ -44,6 +59,8 @@ def check_bucket(ctx: Context, setup_fix: str) -> Result:
     names = _databases(ctx, "bucket")
     if isinstance(names, Result):
         return names
+    if names is NOT_LISTED:
+        return skip("bucket", "not checked: this token may not list the databases (an admin token can)")
     conn = ctx.conn
     if conn.bucket not in names:
         return fail("bucket", missing_database(ctx.conn).detail, setup_fix)

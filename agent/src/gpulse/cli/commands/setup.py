@@ -39,7 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--grafana-token-file",
         metavar="PATH",
         help="v2: write a read-only token for Grafana here (0600) when the file is missing, empty or its token no "
-        "longer works; v3 Core: the admin token (Core has only admin tokens)",
+        "longer works; v3 Enterprise: a token that reads the tiers, made once; v3 Core: the admin token (Core has "
+        "only admin tokens)",
+    )
+    parser.add_argument(
+        "--node-token-file",
+        metavar="PATH",
+        help="v3 Enterprise: write a token that may only write the raw database here (0600), made once, for the "
+        "nodes' --token-file; v3 Core: the admin token",
+    )
+    parser.add_argument(
+        "--rotate-tokens",
+        action="store_true",
+        help="v3 Enterprise: delete the nodes' and Grafana's tokens and make new ones, e.g. when a file was lost",
     )
     parser.add_argument(
         "--run-downsampling",
@@ -84,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
     from gpulse.influx.setup.common import SetupError
 
     conn = load_connection(args)
+    if conn.api != "v3" and (args.node_token_file or args.rotate_tokens):
+        print(
+            "gpulse setup: --node-token-file and --rotate-tokens are for InfluxDB 3 (--api v3); ignored",
+            file=sys.stderr,
+        )
     try:
         if args.tenant:
             from gpulse.influx.setup.tenant import setup_tenant, tenant_place
@@ -105,15 +122,16 @@ def run(args: argparse.Namespace) -> int:
                 print("gpulse setup: --grafana-token-file is for InfluxDB 2.x; ignored with --api v1", file=sys.stderr)
             report = setup_v1(conn, raw_retention=args.raw_retention, minute_retention=args.minute_retention)
         else:
-            from gpulse.influx.setup import v2, v3
+            from gpulse.influx.setup.v2 import setup_v2
+            from gpulse.influx.setup.v3 import setup_v3
 
-            setup = v3.setup_v3 if conn.api == "v3" else v2.setup_v2
-            report = setup(
-                conn,
-                raw_retention=args.raw_retention,
-                minute_retention=args.minute_retention,
-                grafana_token_file=args.grafana_token_file,
-            )
+            layout = {"raw_retention": args.raw_retention, "minute_retention": args.minute_retention}
+            grafana = args.grafana_token_file
+            if conn.api == "v3":
+                tokens = {"node_token_file": args.node_token_file, "rotate_tokens": args.rotate_tokens}
+                report = setup_v3(conn, **layout, grafana_token_file=grafana, **tokens)
+            else:
+                report = setup_v2(conn, **layout, grafana_token_file=grafana)
         for line in report.lines():
             if not (args.quiet and line.startswith("unchanged")):
                 print(line)

@@ -6,10 +6,9 @@ Creates, or brings up to date:
   ``<db>`` (raw), ``<db>/1m`` and ``<db>/1h`` (:func:`gpulse.influx.engine_plugin.database_name`);
 * the plugin file ``gpulse_downsample.py`` (:func:`gpulse.influx.engine_plugin.plugin_text`) and its
   triggers (:func:`gpulse.influx.engine_plugin.triggers`, with the edition's look-back);
-* the token file Grafana reads: Core has only admin tokens, so with ``--grafana-token-file`` the admin
-  token is written there. Enterprise's resource tokens (read or write on one database) are made
-  through ``/api/v3/enterprise/configure/token``, which is documented but not in the public source:
-  setup does not guess its contract and says what to create instead.
+* the tokens the nodes and Grafana use: on Enterprise, a resource token that writes the raw database
+  (``--node-token-file``) and one that reads the tiers (``--grafana-token-file``), made and kept by
+  :mod:`gpulse.influx.setup.tokens_v3`; Core has only admin tokens, so the admin token is written there.
 
 Every step reads first (``system.databases``, ``system.plugin_files``, ``system.processing_engine_triggers``
 and ``..._trigger_arguments`` through ``/api/v3/query_sql``: ``influxdb3_system_tables/src``) and writes
@@ -30,6 +29,13 @@ from gpulse.influx.engine_plugin import Edition, Trigger, database_name
 from gpulse.influx.http import HTTPStatusError, TransportError
 from gpulse.influx.server import ServerInfo, ServerProblem, probe_connection
 from gpulse.influx.setup.common import SetupError, SetupReport, influx_duration, retentions
+from gpulse.influx.setup.tokens_v3 import (
+    GRAFANA_FLAG,
+    INTERNAL_DB,
+    ROTATE_FLAG,
+    ensure_resource_tokens,
+    wanted_tokens,
+)
 from gpulse.influx.setup.v2 import QUERY_TIMEOUT_S, AdminAPI, write_secret
 from gpulse.influx.tiers import RAW, TIERS
 
@@ -37,7 +43,6 @@ PLUGIN_FILE = Path(engine_plugin.PLUGIN_PATH).name
 #: ``TriggerSettings`` (``influxdb3_catalog/src/log/versions/v4.rs``): a failed run is logged; the next
 #: run's look-back covers its windows again
 TRIGGER_SETTINGS = {"run_async": False, "error_behavior": "log"}
-INTERNAL_DB = "_internal"  # where system.databases and system.plugin_files live (INTERNAL_DB_NAME)
 
 
 @dataclass(frozen=True)
@@ -189,32 +194,26 @@ def _token_works(conn: Connection, token: str) -> bool:
         except HTTPStatusError as e:
             if e.status in (401, 403):
                 return False
-            raise api.refusal("check the Grafana token", e.status, e.response.message()) from None
+            raise api.refusal("check a token file", e.status, e.response.message()) from None
         except TransportError as e:
-            raise SetupError(f"cannot reach {conn.url} to check the Grafana token: {e.detail}") from None
+            raise SetupError(f"cannot reach {conn.url} to check a token file: {e.detail}") from None
     return True
 
 
-def ensure_tokens(conn: Connection, edition: Edition, token_file: str | None, report: SetupReport) -> None:
-    names = ", ".join(database_name(conn.bucket, t) for t in (RAW, *(t.name for t in TIERS)))
-    if edition is Edition.ENTERPRISE:
-        report.add(
-            "manual",
-            "tokens: InfluxDB 3 Enterprise's resource tokens are made through /api/v3/enterprise/configure/token, "
-            "documented but not in the public source, so setup does not make them: create a token that reads "
-            f"{names} for Grafana and one that writes {conn.bucket} for the nodes",
-        )
-        return
-    if not token_file:
-        report.add("unchanged", "Grafana token (no --grafana-token-file given)")
-        return
-    path = Path(token_file)
-    current = path.read_text(encoding="utf-8").strip() if path.exists() else ""
-    if current and _token_works(conn, current):
-        report.add("unchanged", f"Grafana token in {path}")
-        return
-    write_secret(path, conn.token)
-    report.add("created", f"Grafana token in {path}: the admin token (InfluxDB 3 Core has only admin tokens)")
+def ensure_admin_token_files(conn: Connection, files: dict[str, str | None], report: SetupReport) -> None:
+    """Core has only admin tokens: each file given (whose token -> path) gets the admin token, unless it
+    already holds a token that works."""
+    for role, token_file in files.items():
+        if not token_file:
+            report.add("unchanged", f"{role} token (no {GRAFANA_FLAG} given)")
+            continue
+        path = Path(token_file)
+        current = path.read_text(encoding="utf-8").strip() if path.exists() else ""
+        if current and _token_works(conn, current):
+            report.add("unchanged", f"{role} token in {path}")
+            continue
+        write_secret(path, conn.token)
+        report.add("created", f"{role} token in {path}: the admin token (InfluxDB 3 Core has only admin tokens)")
 
 
 def setup_v3(
@@ -223,6 +222,8 @@ def setup_v3(
     raw_retention: str = "30d",
     minute_retention: str | None = None,
     grafana_token_file: str | None = None,
+    node_token_file: str | None = None,
+    rotate_tokens: bool = False,
 ) -> SetupReport:
     """Create or bring up to date everything gpulse needs on an InfluxDB 3 server."""
     secs = retentions(raw_retention, minute_retention)
@@ -233,7 +234,14 @@ def setup_v3(
         ensure_databases(conn, api, secs, report)
         ensure_plugin(api, report)
         ensure_triggers(conn, api, edition, report)
-    ensure_tokens(conn, edition, grafana_token_file, report)
+        if edition is Edition.ENTERPRISE:  # the tokens name the databases, so they come after them
+            wanted = wanted_tokens(conn.bucket, node_token_file, grafana_token_file)
+            ensure_resource_tokens(api, wanted, rotate_tokens, report)
+    if edition is not Edition.ENTERPRISE:
+        files = {"Grafana's": grafana_token_file} | ({"nodes'": node_token_file} if node_token_file else {})
+        ensure_admin_token_files(conn, files, report)
+        if rotate_tokens:
+            report.add("unchanged", f"tokens: {ROTATE_FLAG} is for InfluxDB 3 Enterprise (Core has only admin tokens)")
     return report
 
 
