@@ -16,7 +16,8 @@
 #                        the run's HTML report. With GPULSE_URL set, into that InfluxDB instead, said first.
 #
 # Secrets live in files (0600, git-ignored) and are never printed. For tests: GPULSE_UP_DURATION=S
-# stops the agent after S seconds; VENV=path uses another virtualenv.
+# stops the agent after S seconds; GPULSE_UP_DEMO_HOURS=H makes the demo into a database H hours long;
+# VENV=path uses another virtualenv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,8 @@ STATE=.gpulse
 say() { printf 'gpulse up: %s\n' "$*"; }
 
 # Which InfluxDB: v2 (InfluxDB 2.9, the default) or v3 (InfluxDB 3 Core). Set in the environment it
-# wins over .env, as it does for docker compose. Checked before anything is installed or started.
+# wins over .env, as it does for docker compose. Checked before anything starts (a value from the
+# environment before anything is installed).
 influx_choice=${GPULSE_INFLUX:-}
 check_influx() {
   case "$1" in
@@ -107,7 +109,8 @@ if [ "$MODE" = demo ]; then
     start_stack
   fi
   if influx_answers; then
-    exec "$PY" -m gpulse demo "${api[@]}" --url "$influx_url" --token-file "$TOKEN_FILE" --grafana-url "$grafana_url" --out "$STATE/demo"
+    exec "$PY" -m gpulse demo "${api[@]}" --url "$influx_url" --token-file "$TOKEN_FILE" --grafana-url "$grafana_url" \
+      ${GPULSE_UP_DEMO_HOURS:+--hours "$GPULSE_UP_DEMO_HOURS"} --out "$STATE/demo"
   fi
   mkdir -p "$STATE"
   say "No Docker engine and no $influx at $influx_url, so the demo runs locally: points to $STATE/demo.lp (replaced once complete), the run's report to $STATE/demo/."

@@ -72,14 +72,14 @@ def _env(tmp_path: Path, docker_script: str) -> dict[str, str]:
     return env
 
 
-def _up(checkout: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def _up(checkout: Path, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(checkout / "scripts/up.sh"), *args],
         cwd=checkout,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
 
 
@@ -373,3 +373,24 @@ def test_make_down_stops_the_v3_stack_and_the_agent_container_too(repo_root: Pat
     r = subprocess.run(["make", "-s", "down"], cwd=repo_root, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "docker.log").read_text().splitlines() == ["docker compose --profile v3 --profile agent down"]
+
+
+def test_make_demo_with_v3_goes_to_the_running_influxdb_3_with_its_admin_token(checkout: Path, tmp_path: Path) -> None:
+    """An InfluxDB 3 answers on the v3 port (as the compose server does: /health open), already set up
+    (the setup-v3 service's work): `make demo` fills it, through --api v3 and the v3 admin token."""
+    env = _env(tmp_path, ENGINE) | {"GPULSE_INFLUX": "v3", "GPULSE_UP_DEMO_HOURS": "0.2"}
+    subprocess.run(["bash", str(checkout / "scripts/gen-secrets.sh")], check=True, capture_output=True, env=env)
+    token_file = checkout / "secrets/influxdb3-admin-token"
+    with running(token=token_file.read_text().strip(), disable_authz=("health", "ping")) as influx3:
+        _dotenv(checkout, GPULSE_INFLUX3_PORT=influx3.url.rsplit(":", 1)[1])
+        setup = subprocess.run(
+            [sys.executable, "-m", "gpulse", "setup", "--api", "v3", "--url", influx3.url, "--token-file", str(token_file)],
+            cwd=checkout, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert setup.returncode == 0, setup.stderr
+        out = _up(checkout, env, "demo", timeout=400)  # the stand-in downsamples on DataFusion, in this process
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert influx3.engine.rows("gpulse", "train_step") and influx3.engine.rows("gpulse/1m", "gpu")
+    assert not (tmp_path / "docker.log").exists() or "compose" not in (tmp_path / "docker.log").read_text()
+    assert "locally" not in out.stdout and token_file.read_text().strip() not in out.stdout + out.stderr
+    assert "http://127.0.0.1:3001" in out.stdout  # the links go to the v3 stack's Grafana
