@@ -16,7 +16,7 @@
 #                        the run's HTML report. With GPULSE_URL set, into that InfluxDB instead, said first.
 #
 # Secrets live in files (0600, git-ignored) and are never printed. For tests: GPULSE_UP_DURATION=S
-# stops the agent after S seconds; GPULSE_UP_DEMO_HOURS=H makes the demo into a database H hours long;
+# stops the agent after S seconds; GPULSE_UP_DEMO_HOURS=H makes the demo H hours long;
 # VENV=path uses another virtualenv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -114,7 +114,7 @@ if [ "$MODE" = demo ]; then
   fi
   mkdir -p "$STATE"
   say "No Docker engine and no $influx at $influx_url, so the demo runs locally: points to $STATE/demo.lp (replaced once complete), the run's report to $STATE/demo/."
-  "$PY" -m gpulse demo --record "$STATE/demo.lp" --out "$STATE/demo"
+  "$PY" -m gpulse demo --record "$STATE/demo.lp" ${GPULSE_UP_DEMO_HOURS:+--hours "$GPULSE_UP_DEMO_HOURS"} --out "$STATE/demo"
   echo "  open the report:   $STATE/demo/metrics_report.html"
   if [ "$GPULSE_INFLUX" = v3 ]; then
     cat <<EOF

@@ -70,9 +70,9 @@ def test_every_test_the_table_names_exists():
 
 def test_only_enterprise_tokens_wait_for_another_branch_and_in_files_that_are_there():
     """Tests marked ``pending(v1-tokens)`` come with that branch: their functions are checked once the
-    mark goes, at the merge; the files they go into exist already."""
+    mark goes, at the merge (then nothing is pending); the files they go into exist already."""
     pending = [(r.number, *m) for r in rows() for m in PENDING.findall(r.tests)]
-    assert {(number, branch) for number, branch, _, _ in pending} == {(6, "v1-tokens")}
+    assert {(number, branch) for number, branch, _, _ in pending} <= {(6, "v1-tokens")}
     for number, _, path, _name in pending:
         assert (REPO / path).is_file(), f"row {number}: {path} is not there"
 

@@ -350,7 +350,7 @@ def test_without_docker_and_v3_in_env_every_command_make_up_prints_works_against
 def test_make_demo_with_v3_and_no_docker_says_so_and_its_influxdb_3_advice_works(
     checkout: Path, tmp_path: Path
 ) -> None:
-    env = _env(tmp_path, NO_ENGINE) | {"GPULSE_INFLUX": "v3"}
+    env = _env(tmp_path, NO_ENGINE) | {"GPULSE_INFLUX": "v3", "GPULSE_UP_DEMO_HOURS": "0.2"}
     _dotenv(checkout, GPULSE_INFLUX3_PORT="1")  # nothing answers there
     out = _up(checkout, env, "demo")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -364,7 +364,13 @@ def test_make_demo_with_v3_and_no_docker_says_so_and_its_influxdb_3_advice_works
         command = line.split(":", 1)[1].replace("URL", influx3.url).replace("PATH", str(token_file))
         r = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True, timeout=400)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert len(influx3.engine.rows("gpulse", "gpu")) > 1000
+        recorded = {
+            (p.tags["gpu"], p.ts)
+            for _, _, p in read_lines(checkout / ".gpulse/demo.lp")
+            if not isinstance(p, Exception) and p.measurement == "gpu"
+        }
+        assert len(recorded) > 500  # 8 GPUs, 0.2 h of samples
+        assert len(influx3.engine.rows("gpulse", "gpu")) == len(recorded)  # every point uploaded
         assert influx3.engine.rows("gpulse", "train_step")
 
 
