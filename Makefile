@@ -33,8 +33,10 @@ up:
 demo:
 	@VENV=$(VENV) bash scripts/up.sh demo
 
+# Every profile named, so that `down` covers the v3 stack and the agent container as well as the default
+# services (which services `down` acts on follows the active profiles: docker/compose#12648, docker/docs#22278).
 down:
-	docker compose down
+	docker compose --profile v3 --profile agent down
 
 backup-grafana:
 	@bash scripts/backup-grafana.sh

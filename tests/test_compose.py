@@ -279,3 +279,72 @@ def test_gen_secrets_writes_the_v3_admin_token_as_the_server_reads_it_and_never_
     assert mode("influxdb3-admin-token") == 0o600 and mode("influxdb3-admin-token.json") == 0o640
     run()
     assert (tmp_path / "secrets" / "influxdb3-admin-token").read_text().strip() == token
+
+
+# -- The image pins against tests/image-pins.toml (what was verified in the public record) ----------
+
+PINS_FILE = REPO / "tests" / "image-pins.toml"
+MIRRORS = Path("/work/.mirror")
+
+
+@pytest.fixture(scope="module")
+def pins() -> dict:
+    import tomllib
+
+    return tomllib.loads(PINS_FILE.read_text())
+
+
+def test_every_pinned_image_is_the_one_recorded_as_verified(compose, pins):
+    pinned = {name: svc["image"] for name, svc in compose["services"].items() if "build" not in svc}
+    recorded = {name: pin["image"] for name, pin in pins.items()}
+    assert recorded == {n: pinned[n] for n in recorded}, "re-verify the tag and change tests/image-pins.toml with it"
+    assert set(pinned.values()) == set(recorded.values())  # grafana-v3 shares grafana's image
+    for name, pin in pins.items():
+        if "tags_line" in pin:  # an official image: its tag is in the library's Tags line
+            tag = pin["image"].split(":", 1)[1]
+            assert tag in [t.strip() for t in pin["tags_line"].removeprefix("Tags:").split(",")], name
+            assert pin["version_env"].endswith("=" + tag.removesuffix("-core")), name
+
+
+def test_influxdb_2_uses_the_images_port_volumes_and_init_file_variables(compose, pins):
+    pin, svc = pins["influxdb"], compose["services"]["influxdb"]
+    assert [interpolate(p).rsplit(":", 1)[1] for p in svc["ports"]] == [str(pin["port"])]
+    assert {v.split(":")[1] for v in svc["volumes"]} == set(pin["volumes"])
+    assert set(pin["init_file_variables"]) <= set(svc["environment"])
+    assert f"{pin['healthcheck_tool']} -fsS http://localhost:{pin['port']}/" in " ".join(svc["healthcheck"]["test"])
+
+
+def test_influxdb_3_runs_as_the_images_user_on_its_port_with_its_plugin_dir_and_writable_volume(compose, pins):
+    pin, svc = pins["influxdb3"], compose["services"]["influxdb3"]
+    assert svc["user"].split(":")[0] == str(pin["uid"])
+    assert [interpolate(p).rsplit(":", 1)[1] for p in svc["ports"]] == [str(pin["port"])]
+    assert f"{pin['healthcheck_tool']} -fsS http://localhost:{pin['port']}/" in " ".join(svc["healthcheck"]["test"])
+    assert svc["command"][0] == "serve"  # the entrypoint prefixes `influxdb3`, as in the image's CMD
+    assert pin["cmd"] == ["influxdb3", "serve"] and "entrypoint" not in svc
+    args = dict(a.removeprefix("--").split("=", 1) for a in svc["command"][1:])
+    assert args["plugin-dir"] == pin["plugin_dir"]
+    # what the server writes lies in a named volume over a directory the image gives its user
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in svc["volumes"]}
+    (data_mount,) = [target for target, source in mounts.items() if source in compose["volumes"]]
+    assert data_mount in pin["owned_by_uid"]
+    for key in ("data-dir", "virtual-env-location"):
+        assert args[key].startswith(data_mount + "/"), key
+
+
+def _library_file(commit: str) -> str:
+    repo = MIRRORS / "docker-library+official-images" / "repo"
+    if not repo.is_dir():
+        pytest.skip(f"no snapshot of docker-library/official-images at {repo} (the `fetch` tool brings one)")
+    r = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:library/influxdb"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"official-images commit {commit} is not in the snapshot at {repo}")
+    return r.stdout
+
+
+@pytest.mark.parametrize("service", ["influxdb", "influxdb3"])
+def test_the_record_quotes_the_official_tag_list_where_a_snapshot_of_it_is_at_hand(pins, service):
+    pin = pins[service]
+    blocks = _library_file(pin["library_commit"]).split("\n\n")
+    block = next((b for b in blocks if b.startswith(pin["tags_line"] + "\n")), None)
+    assert block is not None, f"{pin['tags_line']!r} is not a Tags line of library/influxdb at {pin['library_commit']}"
+    assert f"Directory: {pin['directory']}" in block.splitlines()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.fake_influx_v2 import FakeInfluxV2
+from support.fake_influx_v3 import running
 from support.influxd import InfluxDB1
 
 from gpulse.lineprotocol.parse import read_lines
@@ -71,14 +72,14 @@ def _env(tmp_path: Path, docker_script: str) -> dict[str, str]:
     return env
 
 
-def _up(checkout: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def _up(checkout: Path, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(checkout / "scripts/up.sh"), *args],
         cwd=checkout,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
 
 
@@ -255,3 +256,147 @@ def test_make_demo_with_gpulse_url_set_says_it_goes_there_does_so_and_keeps_the_
     assert out.returncode == 1, out.stdout + out.stderr  # that database is not set up: said, with the fix
     assert f"gpulse setup --url {influxdb.url} --api v1" in out.stderr
     assert previous.read_text() == "previous,host=a value=1i 1\n"
+
+
+# -- InfluxDB 3: GPULSE_INFLUX=v3 (environment or .env) ---------------------------------------------
+
+
+def _dotenv(checkout: Path, **settings: str) -> None:
+    """.env as `make up` would copy it from .env.example, with ``settings`` changed."""
+    text = (checkout / ".env.example").read_text()
+    for key, value in settings.items():
+        assert f"\n{key}=" in text, key
+        text = "\n".join(f"{key}={value}" if ln.startswith(f"{key}=") else ln for ln in text.splitlines()) + "\n"
+    (checkout / ".env").write_text(text)
+
+
+def test_gpulse_influx_v3_in_the_environment_starts_profile_v3_and_the_agent_writes_to_influxdb_3(
+    checkout: Path, tmp_path: Path
+) -> None:
+    """.env says v2 (as .env.example does); the environment's v3 wins, as it does for docker compose."""
+    env = _env(tmp_path, ENGINE) | {"GPULSE_INFLUX": "v3"}
+    subprocess.run(["bash", str(checkout / "scripts/gen-secrets.sh")], check=True, capture_output=True, env=env)
+    token = (checkout / "secrets/influxdb3-admin-token").read_text().strip()
+    with running(token=token) as influx3:
+        _dotenv(checkout, GPULSE_INFLUX="v2", GPULSE_INFLUX3_PORT=influx3.url.rsplit(":", 1)[1])
+        out = _up(checkout, env)
+        gpus = {r["gpu"] for r in influx3.engine.rows("gpulse", "gpu")}
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    calls = (tmp_path / "docker.log").read_text().splitlines()
+    assert "docker compose --profile v3 up -d --wait grafana-v3 alert-log" in calls
+    assert "docker compose up -d --wait" not in calls  # none of the 2.9 stack
+    assert "starting InfluxDB 3 Core and Grafana" in text and "Grafana http://127.0.0.1:3001" in text
+    assert gpus == {str(i) for i in range(8)}  # the stand-in refuses a write without its admin token
+    assert token not in text
+
+
+@pytest.mark.parametrize(("where", "said"), [("environment", "from the environment"), (".env", "from .env")])
+def test_an_unknown_gpulse_influx_stops_make_up_at_once_saying_what_it_may_be(
+    checkout: Path, tmp_path: Path, where: str, said: str
+) -> None:
+    env = _env(tmp_path, ENGINE)
+    if where == "environment":
+        env["GPULSE_INFLUX"] = "3"
+    else:
+        _dotenv(checkout, GPULSE_INFLUX="influxdb3")
+    out = _up(checkout, env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"({said}): it must be v2 (InfluxDB 2.9, the default) or v3 (InfluxDB 3 Core)" in out.stderr
+    assert "GPULSE_INFLUX=v3 make up" in out.stderr
+    assert not (tmp_path / "docker.log").exists()  # nothing was started
+
+
+def test_without_docker_and_v3_in_env_every_command_make_up_prints_works_against_influxdb_3(
+    checkout: Path, tmp_path: Path
+) -> None:
+    env = _env(tmp_path, NO_ENGINE)
+    _dotenv(checkout, GPULSE_INFLUX="v3")
+    out = _up(checkout, env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "No Docker engine reachable" in out.stdout and "or send to an existing InfluxDB 3 instead" in out.stdout
+    assert "--api v1" not in out.stdout  # the 1.x hint belongs to the v2 choice
+
+    look = subprocess.run(_advice(out.stdout, "look at it"), cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert look.returncode == 0 and "a node report" in look.stdout, look.stderr
+
+    token = "apiv3_an-admin-token"
+    token_file = tmp_path / "influxdb3-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    with running(token=token) as influx3:
+        subs = {"https://influxdb.example:8181": influx3.url, "PATH": str(token_file)}
+
+        def run(argv: list[str], **extra: str) -> subprocess.CompletedProcess[str]:
+            argv = [subs.get(a, a) for a in argv]
+            return subprocess.run(argv, cwd=checkout, env=env | extra, capture_output=True, text=True, timeout=180)
+
+        setup = run(_advice(out.stdout, "set it up once"))
+        assert setup.returncode == 0, setup.stdout + setup.stderr
+        assert {"gpulse", "gpulse/1m", "gpulse/1h"} <= set(influx3.databases)
+        assert influx3.triggers  # the downsampling plugin's triggers
+        upload = run(_advice(out.stdout, "upload it later"))
+        assert upload.returncode == 0, upload.stdout + upload.stderr
+        uploaded = len(influx3.engine.rows("gpulse", "gpu"))
+        assert uploaded >= 8
+        send = out.stdout.split("or send to an existing InfluxDB 3 instead of recording:")[1].splitlines()[1]
+        assert "--simulate 8 --api v3" in send
+        agent = run(shlex.split(send), GPULSE_DURATION="3", GPULSE_FLUSH_INTERVAL="0.2")
+        assert agent.returncode == 0, agent.stderr[-2000:]
+        assert len(influx3.engine.rows("gpulse", "gpu")) > uploaded  # the agent wrote there directly
+
+
+def test_make_demo_with_v3_and_no_docker_says_so_and_its_influxdb_3_advice_works(
+    checkout: Path, tmp_path: Path
+) -> None:
+    env = _env(tmp_path, NO_ENGINE) | {"GPULSE_INFLUX": "v3", "GPULSE_UP_DEMO_HOURS": "0.2"}
+    _dotenv(checkout, GPULSE_INFLUX3_PORT="1")  # nothing answers there
+    out = _up(checkout, env, "demo")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "No Docker engine and no InfluxDB 3 Core at http://127.0.0.1:1, so the demo runs locally" in out.stdout
+    line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith("into an InfluxDB 3:"))
+    token = "apiv3_an-admin-token"
+    token_file = tmp_path / "influxdb3-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    with running(token=token) as influx3:
+        command = line.split(":", 1)[1].replace("URL", influx3.url).replace("PATH", str(token_file))
+        r = subprocess.run(["bash", "-c", command], cwd=checkout, env=env, capture_output=True, text=True, timeout=400)
+        assert r.returncode == 0, r.stdout + r.stderr
+        recorded = {
+            (p.tags["gpu"], p.ts)
+            for _, _, p in read_lines(checkout / ".gpulse/demo.lp")
+            if not isinstance(p, Exception) and p.measurement == "gpu"
+        }
+        assert len(recorded) > 500  # 8 GPUs, 0.2 h of samples
+        assert len(influx3.engine.rows("gpulse", "gpu")) == len(recorded)  # every point uploaded
+        assert influx3.engine.rows("gpulse", "train_step")
+
+
+def test_make_down_stops_the_v3_stack_and_the_agent_container_too(repo_root: Path, tmp_path: Path) -> None:
+    env = _env(tmp_path, ENGINE)
+    r = subprocess.run(["make", "-s", "down"], cwd=repo_root, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "docker.log").read_text().splitlines() == ["docker compose --profile v3 --profile agent down"]
+
+
+def test_make_demo_with_v3_goes_to_the_running_influxdb_3_with_its_admin_token(checkout: Path, tmp_path: Path) -> None:
+    """An InfluxDB 3 answers on the v3 port (as the compose server does: /health open), already set up
+    (the setup-v3 service's work): `make demo` fills it, through --api v3 and the v3 admin token."""
+    env = _env(tmp_path, ENGINE) | {"GPULSE_INFLUX": "v3", "GPULSE_UP_DEMO_HOURS": "0.2"}
+    subprocess.run(["bash", str(checkout / "scripts/gen-secrets.sh")], check=True, capture_output=True, env=env)
+    token_file = checkout / "secrets/influxdb3-admin-token"
+    with running(token=token_file.read_text().strip(), disable_authz=("health", "ping")) as influx3:
+        _dotenv(checkout, GPULSE_INFLUX3_PORT=influx3.url.rsplit(":", 1)[1])
+        setup = subprocess.run(
+            [sys.executable, "-m", "gpulse", "setup", "--api", "v3", "--url", influx3.url, "--token-file", str(token_file)],
+            cwd=checkout, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert setup.returncode == 0, setup.stderr
+        out = _up(checkout, env, "demo", timeout=400)  # the stand-in downsamples on DataFusion, in this process
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert influx3.engine.rows("gpulse", "train_step") and influx3.engine.rows("gpulse/1m", "gpu")
+    assert not (tmp_path / "docker.log").exists() or "compose" not in (tmp_path / "docker.log").read_text()
+    assert "locally" not in out.stdout and token_file.read_text().strip() not in out.stdout + out.stderr
+    assert "http://127.0.0.1:3001" in out.stdout  # the links go to the v3 stack's Grafana
