@@ -309,6 +309,7 @@ class Agent:
         self.delivery.start()
         if not cfg.no_socket:
             from gpulse.channel.server import TrainingReceiver
+            from gpulse.sources.processes import ProcessDescriber
 
             try:
                 self.receiver = TrainingReceiver(
@@ -318,6 +319,7 @@ class Agent:
                     group=cfg.socket_group,
                     status=self.snapshot,
                     observe=self.findings.observe,
+                    attribute=ProcessDescriber().job_tags,
                 )
                 self.receiver.start()
             except OSError as e:

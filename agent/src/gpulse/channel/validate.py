@@ -68,6 +68,9 @@ PAST_WINDOW_NS = 30 * 86400 * 10**9
 FUTURE_WINDOW_NS = 300 * 10**9
 #: Runs whose tag sets and open-field names are remembered (least recently used forgotten first).
 MAX_RUNS = 32
+#: Tags only the agent gives a training point, from the kernel: a rank naming one is refused (``reserved_tag``),
+#: else a run could send its points to another team's database by naming that team's Slurm account.
+AGENT_TAGS = frozenset(schema.JOB_TAGS) - {"job"}
 #: Checked tag sets remembered per run (one per rank on this node, usually).
 MAX_TAG_SETS_PER_RUN = 64
 
@@ -169,6 +172,8 @@ class Validator:
     _runs: OrderedDict[str, _RunState] = field(default_factory=OrderedDict, repr=False)
     #: (run, rank) -> the job holding the GPUs that rank registered (:meth:`set_rank_jobs`)
     _rank_jobs: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
+    #: (run, rank) -> the job tags the kernel gives the rank's process (:meth:`set_rank_attribution`)
+    _rank_kernel: OrderedDict[tuple[str, str], dict[str, str]] = field(default_factory=OrderedDict, repr=False)
     #: measurement name -> declared field name -> type
     _declared: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
 
@@ -208,6 +213,23 @@ class Validator:
         self._rank_jobs = dict(jobs)
         for state in self._runs.values():
             state.tag_sets.clear()
+
+    def set_rank_attribution(self, run: str, rank: str, tags: dict[str, str]) -> bool:
+        """Tag the points of (run, rank) with ``tags``, the job of its process as the kernel names it.
+
+        They win over the job the rank names itself (``SLURM_JOB_ID`` can be set by anyone), and they are the
+        only source of ``account``, by which a ``[tenants]`` route sends points to a team's database. Whether
+        anything changed (then the run's checked tag sets are forgotten, so its next points get the tags)."""
+        key = (run, rank)
+        if self._rank_kernel.get(key) == tags:
+            return False
+        self._rank_kernel[key] = dict(tags)
+        while len(self._rank_kernel) > MAX_RUNS * MAX_TAG_SETS_PER_RUN:
+            self._rank_kernel.popitem(last=False)
+        state = self._runs.get(run)
+        if state is not None:
+            state.tag_sets.clear()
+        return True
 
     # -- points -----------------------------------------------------------------------------------
     def _point(self, msg: Mapping[str, Any], seq: int | None, now_ns: int) -> CheckedPoint:
@@ -256,6 +278,9 @@ class Validator:
         job = self._rank_jobs.get((run, checked["rank"]))
         if job is not None and "job" not in checked and "job" in m.optional_tags:
             checked["job"] = job
+        for key, value in self._rank_kernel.get((run, checked["rank"]), {}).items():
+            if key in m.optional_tags:
+                checked[key] = value
         series = Series(m, m.name, {**checked, "host": self.host}, specs)
         if all(type(v) is str for v in tags.values()):  # 1 == 1.0 == True: only exact strings are keys
             if len(state.tag_sets) >= MAX_TAG_SETS_PER_RUN:
@@ -344,7 +369,7 @@ def check_tags(m: schema.Measurement, tags: Any) -> dict[str, str]:
     for key, value in tags.items():
         if not isinstance(key, str) or not _TAG_KEY.fullmatch(key):
             raise Rejected("bad_tag_key", repr(key)[:40])
-        if key in ("host", "time") or key in m.by_name:
+        if key in ("host", "time") or key in m.by_name or key in AGENT_TAGS:
             raise Rejected("reserved_tag", key)
         if type(value) is int:
             value = str(value)

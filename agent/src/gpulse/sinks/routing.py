@@ -2,10 +2,12 @@
 
 A :class:`Router` names the tenant of a line: a job-level point (:data:`JOB_MEASUREMENTS`: GPU
 processes, the host's processes, training points) whose Slurm ``account`` or Kubernetes
-``namespace`` tag matches a route belongs to that route's tenant. Training points carry only the
-``job`` tag, so the router learns ``job -> tenant`` from the job's process points and routes by it;
-a job's training points that pass before its first process sample stay with the fleet. Everything
-else (``gpu``, ``host``, ``agent``, ``gpu_event``...) is the fleet's, for the operators.
+``namespace`` tag matches a route belongs to that route's tenant. The agent tags a training rank's
+points with the ``account`` of its process (``channel/server.py``, from the kernel), so they are
+routed from the run's first point; a rank with no account there (a pod: its namespace comes from the
+kubelet with its GPU) is routed by its ``job``, which the router learns from the job's process points,
+and its points that pass before the first of those stay with the fleet. A job no route names is
+the fleet's, as is everything else (``gpu``, ``host``, ``agent``, ``gpu_event``...), for the operators.
 
 Every sink is wrapped in a :class:`RoutedSink` that writes only its own lines. Each sink (the
 fleet's and each tenant's) gets every batch and has its own spool, so one destination being down
