@@ -532,7 +532,7 @@ HOST_PROCESS = Measurement(
         _f("workers", "int", "count", "worker processes of a main process"),
         _i("cpu_limit_cores", "float", "cores", "the CPU limit of the main process's cgroup, absent when unlimited"),
     ),
-    optional_tags=("run", "rank"),
+    optional_tags=("run", "rank", *TRAINING_JOB_TAGS),
 )
 
 MEASUREMENTS: dict[str, Measurement] = {

@@ -105,7 +105,7 @@ def counts(server: InfluxDB1, credentials: str, db: str) -> dict[tuple[str, str]
     """(measurement, run) -> points, read with ``credentials`` (``user:password``, as a tenant's file holds)."""
     auth = "Basic " + base64.b64encode(credentials.encode()).decode()
     out: dict[tuple[str, str], int] = {}
-    for m in (*TRAINING_MEASUREMENTS, "gpu", "gpu_process"):
+    for m in (*TRAINING_MEASUREMENTS, "host_process", "gpu", "gpu_process"):
         q = urllib.parse.urlencode({"db": db, "q": f'SELECT count(*) FROM "raw"."{m}" GROUP BY "run"'})
         req = urllib.request.Request(f"{server.url}/query?{q}", headers={"Authorization": auth})
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -182,6 +182,11 @@ def test_one_agent_sends_each_jobs_training_points_to_its_teams_database_and_now
 
         fleet = counts(server, ADMIN, "gpulse")
         assert fleet.get(("gpu", ""), 0) > 0  # the node's GPU samples are the operators'
+        # the agent's samples of each training process (CPU, memory) go where the job's points go
+        sampled = {db: counts(server, ADMIN, db) for db in ("gpulse", "gpulse_a", "gpulse_b")}
+        assert {
+            job: [db for db, c in sampled.items() if c.get(("host_process", runs[job]), 0) > 0] for job in JOBS
+        } == {job: [where[job][1]] for job in JOBS}
         for team in ("a", "b"):
             own = counts(server, readers[team], f"gpulse_{team}")
             assert not any(m == "gpu" for m, _ in own)  # no node-level sample in a team's database

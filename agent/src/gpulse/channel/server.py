@@ -454,6 +454,10 @@ class TrainingReceiver:
                 jobs[key] = job
         self._validator.set_rank_jobs(jobs)
 
+    def job_tags(self, run: str, rank: str) -> dict[str, str]:
+        """The job tags the kernel gives the process of (run, rank): its ``host_process`` points carry them too."""
+        return self._validator.rank_attribution(run, rank)
+
     def training_processes(self) -> list[tuple[str, str, int]]:
         """(run, rank, pid) of the live training processes, whose host side the agent samples: the
         registered ones (GPU runs) and those whose run's start point named them (``pid``), GPU or not."""

@@ -231,6 +231,10 @@ class Validator:
             state.tag_sets.clear()
         return True
 
+    def rank_attribution(self, run: str, rank: str) -> dict[str, str]:
+        """The job tags :meth:`set_rank_attribution` gave (run, rank), ``{}`` when none."""
+        return self._rank_kernel.get((run, rank), {})
+
     # -- points -----------------------------------------------------------------------------------
     def _point(self, msg: Mapping[str, Any], seq: int | None, now_ns: int) -> CheckedPoint:
         name = msg.get("m")

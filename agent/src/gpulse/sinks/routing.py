@@ -6,7 +6,8 @@ processes, the host's processes, training points) whose Slurm ``account`` or Kub
 points with the ``account`` of its process (``channel/server.py``, from the kernel), so they are
 routed from the run's first point; a rank with no account there (a pod: its namespace comes from the
 kubelet with its GPU) is routed by its ``job``, which the router learns from the job's process points,
-and its points that pass before the first of those stay with the fleet. A job no route names is
+and its points that pass before the first of those stay with the fleet. The agent's samples of a
+training process (``host_process``) carry its rank's job and account too. A job no route names is
 the fleet's, as is everything else (``gpu``, ``host``, ``agent``, ``gpu_event``...), for the operators.
 
 Every sink is wrapped in a :class:`RoutedSink` that writes only its own lines. Each sink (the
