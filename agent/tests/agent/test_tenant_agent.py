@@ -21,7 +21,6 @@ import textwrap
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,25 +64,6 @@ TRAIN = textwrap.dedent(
 ).format(steps=STEPS)
 
 
-@pytest.fixture
-def tree() -> Iterator[cgroups.CgroupTree]:
-    t = cgroups.CgroupTree()
-    try:
-        yield t
-    finally:
-        t.close()
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[InfluxDB1]:
-    s = InfluxDB1(tmp_path / "influxd", auth=True).start()
-    s.query("CREATE USER admin WITH PASSWORD 'admin-pw' WITH ALL PRIVILEGES")  # the first user needs no auth
-    (tmp_path / "admin-token").write_text("admin:admin-pw\n")
-    (tmp_path / "admin-token").chmod(0o600)
-    yield s
-    s.stop()
-
-
 def setup(server: InfluxDB1, tmp_path: Path, env: dict[str, str], *extra: str) -> None:
     args = ("setup", "--api", "v1", "--url", server.url, "--token-file", str(tmp_path / "admin-token"), *extra)
     run = subprocess.run(gpulse_cmd(*args), env=env, capture_output=True, text=True, timeout=120)
@@ -117,9 +97,38 @@ def counts(server: InfluxDB1, credentials: str, db: str) -> dict[tuple[str, str]
     return out
 
 
+def run_jobs(tree: cgroups.CgroupTree, sock: Path, tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+    """Each job's training process, moved into its job's cgroup before it starts its run; job -> run id."""
+    v2 = cgroups.v2_root()
+    assert v2 is not None
+    trainers = {}
+    for job, account in JOBS.items():
+        job_env = {**env, "SLURM_JOB_ID": job, "SLURM_JOB_ACCOUNT": account, "SLURM_JOB_PARTITION": "gpu"}
+        p = subprocess.Popen(
+            [sys.executable, "-c", TRAIN, f"job-{job}", str(tmp_path / f"job-{job}"), str(sock)],
+            env=job_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        tree.procs.append(p)  # type: ignore[arg-type]
+        leaf = tree.make(v2, f"system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0")
+        (leaf / "cgroup.procs").write_text(f"{p.pid}\n")
+        trainers[job] = p
+    for p in trainers.values():
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    runs = {}
+    for job, p in trainers.items():
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        runs[job] = stdout.strip().splitlines()[-1]
+        assert not (tmp_path / f"job-{job}" / "gpulse-records.rec").exists(), "the agent took every point"
+    return runs
+
+
 def test_one_agent_sends_each_jobs_training_points_to_its_teams_database_and_nowhere_else(
-    server, tmp_path, clean_env, tree
+    influxdb_auth, tmp_path, clean_env
 ):
+    server = influxdb_auth
     setup(server, tmp_path, clean_env)
     for team in ("a", "b"):
         setup(server, tmp_path, clean_env, "--tenant", team, "--secrets-dir", str(tmp_path / "secrets"))
@@ -132,31 +141,8 @@ def test_one_agent_sends_each_jobs_training_points_to_its_teams_database_and_now
     try:
         wait_until(lambda: sock.exists() or not agent.alive(), 30, "the agent's socket")
         assert agent.alive(), agent.stderr
-        v2 = cgroups.v2_root()
-        assert v2 is not None
-        trainers = {}
-        for job, account in JOBS.items():
-            env = {**clean_env, "SLURM_JOB_ID": job, "SLURM_JOB_ACCOUNT": account, "SLURM_JOB_PARTITION": "gpu"}
-            env.pop("GPULSE_RUN_ID", None)
-            out = tmp_path / f"job-{job}"
-            p = subprocess.Popen(
-                [sys.executable, "-c", TRAIN, f"job-{job}", str(out), str(sock)],
-                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            tree.procs.append(p)  # type: ignore[arg-type]
-            leaf = tree.make(v2, f"system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0")
-            (leaf / "cgroup.procs").write_text(f"{p.pid}\n")
-            trainers[job] = p
-        for p in trainers.values():
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        runs = {}
-        for job, p in trainers.items():
-            stdout, stderr = p.communicate(timeout=120)
-            assert p.returncode == 0, stderr
-            runs[job] = stdout.strip().splitlines()[-1]
-            assert not (tmp_path / f"job-{job}" / "gpulse-records.rec").exists(), "the agent took every point"
+        with cgroups.CgroupTree() as tree:
+            runs = run_jobs(tree, sock, tmp_path, clean_env)
         # what each run sent: its start and end, every step, one mark
         sent = {job: {"train_run": 2, "train_step": STEPS, "train_event": 1} for job in JOBS}
         secrets = tmp_path / "secrets" / "tenants"
