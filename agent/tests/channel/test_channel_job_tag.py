@@ -9,10 +9,12 @@ receiver's public entry for one datagram) and the agent loop's :func:`gpu_jobs`.
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import pytest
 from support import cgroups
+from training_support import wait_for
 
 from gpulse.agent.loop import gpu_jobs
 from gpulse.channel import protocol
@@ -137,5 +139,31 @@ def test_from_its_start_point_a_ranks_points_carry_the_job_and_account_of_its_pr
     assert [(p.measurement, p.tags.get("job"), p.tags.get("account")) for p in map(parse_line, sent.lines)] == [
         ("train_run", "777", "a-team"),
         ("train_step", "777", "a-team"),
+        ("train_step", None, None),
+    ]
+
+
+@pytest.mark.skipif(cgroups.unavailable() is not None, reason=str(cgroups.unavailable()))
+def test_a_run_naming_another_jobs_process_gets_its_own_job_not_that_ones(tmp_path):
+    """Over the real socket the kernel names the sender (``SCM_CREDENTIALS``): the pid a start point names is not taken."""
+    sent = Submitted()
+    rx = TrainingReceiver(str(tmp_path / "run" / "agent.sock"), "node1", sent, attribute=ProcessDescriber().job_tags)
+    with cgroups.CgroupTree() as tree:
+        v2 = cgroups.v2_root()
+        assert v2 is not None
+        env = {"SLURM_JOB_ID": "777", "SLURM_JOB_ACCOUNT": "a-team"}
+        other = tree.start(v2, "system.slice/slurmstepd.scope/job_777/step_0/user/task_0", env)
+        rx.start()
+        try:
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            # this test's process, in no Slurm job, names job 777's process and job 777 itself
+            client.sendto(start("0", other.pid, 1, job="777"), rx.path)
+            client.sendto(step("0", 2, job="777"), rx.path)
+            assert wait_for(lambda: len(sent.lines) == 2)
+            client.close()
+        finally:
+            rx.close()
+    assert [(p.measurement, p.tags.get("job"), p.tags.get("account")) for p in map(parse_line, sent.lines)] == [
+        ("train_run", None, None),
         ("train_step", None, None),
     ]

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulse.channel import protocol
+from gpulse.channel.endpoint import CREDENTIALS_SPACE, sender_pid
 from gpulse.channel.validate import MAX_OPEN_FIELDS_PER_RUN, CheckedPoint, Rejected, Validator, unpack
 from gpulse.lineprotocol.encode import Encoder
 
@@ -44,8 +45,9 @@ Submit = Callable[[list[str]], int]
 Observe = Callable[[str, dict[str, str], dict[str, Any], int], None]
 #: the measurements an observer is shown
 OBSERVED = ("train_step", "train_run")
-#: ``attribute(pid)``: the job tags (``schema.JOB_TAGS``) the kernel gives a process, ``{}`` when none
-Attribute = Callable[[int], dict[str, str]]
+#: ``attribute(pid)``: the job tags (``schema.JOB_TAGS``) the kernel gives a process, ``{}`` when in no job,
+#: ``None`` when the process cannot be read
+Attribute = Callable[[int], "dict[str, str] | None"]
 
 #: Seconds between checks that registered training processes still exist.
 LIVENESS_INTERVAL_S = 2.0
@@ -106,6 +108,7 @@ class TrainingReceiver:
         self._durable = durable
         self._observe = observe
         self._attribute = attribute
+        self._sender: int | None = None  # the process that sent the datagram being handled
         self._now_ns = now_ns
         self._validator = Validator(host)
         self._encoder = Encoder()
@@ -194,6 +197,9 @@ class TrainingReceiver:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         except OSError:
             pass
+        # the kernel attaches each sender's pid (SCM_CREDENTIALS): a rank's job is read from the process
+        # that sends its points, never from the pid a message names
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         return sock
 
     def _remove_stale(self) -> None:
@@ -226,10 +232,12 @@ class TrainingReceiver:
                     deadline = time.monotonic() + ACK_INTERVAL_S
                     while time.monotonic() < deadline:
                         try:
-                            data, addr = sock.recvfrom(protocol.MAX_DATAGRAM + 1, socket.MSG_DONTWAIT)
+                            data, ancillary, _flags, addr = sock.recvmsg(
+                                protocol.MAX_DATAGRAM + 1, CREDENTIALS_SPACE, socket.MSG_DONTWAIT
+                            )
                         except (BlockingIOError, InterruptedError):
                             break
-                        self.handle_datagram(data, addr)
+                        self.handle_datagram(data, addr, sender_pid(ancillary))
                 self._send_acks()
                 now = time.monotonic()
                 if now - self._last_liveness >= LIVENESS_INTERVAL_S:
@@ -240,8 +248,12 @@ class TrainingReceiver:
                 self._count_once("internal_error", repr(e))
                 time.sleep(0.05)
 
-    def handle_datagram(self, data: bytes, addr: Any = None) -> None:
-        """Check and act on one datagram; never raises. Public so tests can drive it directly."""
+    def handle_datagram(self, data: bytes, addr: Any = None, sender: int | None = None) -> None:
+        """Check and act on one datagram; never raises. Public so tests can drive it directly.
+
+        ``sender``: the sending process's id as the kernel gave it; a rank's job tags are read from it
+        (without it, from the pid the message names: only tests call this without a socket)."""
+        self._sender = sender
         try:
             messages = unpack(data)
         except Rejected as e:
@@ -480,15 +492,16 @@ class TrainingReceiver:
         return False
 
     def _attribute_rank(self, run: str, rank: str, pid: int) -> bool:
-        """Give (run, rank)'s points the job tags of process ``pid``; whether they changed. Failures are counted."""
+        """Give (run, rank)'s points the job tags of the process that sent this datagram (``pid``, the one it
+        names, only when the kernel did not say); whether they changed. Failures are counted."""
         if self._attribute is None:
             return False
         try:
-            tags = self._attribute(pid)
+            tags = self._attribute(self._sender if self._sender is not None else pid)
         except Exception as e:
             self._count_once("attribute_failed", repr(e))
             return False
-        return self._validator.set_rank_attribution(run, rank, tags)
+        return tags is not None and self._validator.set_rank_attribution(run, rank, tags)
 
     def _checked_again(self, raw: Any, msg: CheckedPoint, now_ns: int) -> CheckedPoint:
         """``raw`` checked again after its rank's tags changed (it passed once: it passes again)."""

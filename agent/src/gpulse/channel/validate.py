@@ -95,7 +95,7 @@ REJECT_CAUSES = {
     "missing_tag": "a required tag (run, rank, local_rank, world_size) is missing",
     "bad_tag_key": "a tag name is not an identifier",
     "bad_tag_value": "a tag value is not a non-empty string, too long, or rank/world_size not a number",
-    "reserved_tag": "a tag name is reserved (host, time, or a field name)",
+    "reserved_tag": "a tag name is reserved (host, time, a field name, or a job tag the agent reads from the kernel)",
     "too_many_tags": "more user tags than the schema allows",
     "bad_fields": f'"fields" is not an object, or has more than {MAX_FIELDS} entries',
     "no_valid_fields": "no field value survived validation",
@@ -217,8 +217,9 @@ class Validator:
     def set_rank_attribution(self, run: str, rank: str, tags: dict[str, str]) -> bool:
         """Tag the points of (run, rank) with ``tags``, the job of its process as the kernel names it.
 
-        They win over the job the rank names itself (``SLURM_JOB_ID`` can be set by anyone), and they are the
-        only source of ``account``, by which a ``[tenants]`` route sends points to a team's database. Whether
+        They win over the job the rank names itself (``SLURM_JOB_ID`` can be set by anyone; a process the
+        kernel puts in no job gets none, else it could pass for a routed job's), and they are the only
+        source of ``account``, by which a ``[tenants]`` route sends points to a team's database. Whether
         anything changed (then the run's checked tag sets are forgotten, so its next points get the tags)."""
         key = (run, rank)
         if self._rank_kernel.get(key) == tags:
@@ -282,9 +283,13 @@ class Validator:
         job = self._rank_jobs.get((run, checked["rank"]))
         if job is not None and "job" not in checked and "job" in m.optional_tags:
             checked["job"] = job
-        for key, value in self._rank_kernel.get((run, checked["rank"]), {}).items():
-            if key in m.optional_tags:
-                checked[key] = value
+        kernel = self._rank_kernel.get((run, checked["rank"]))
+        if kernel is not None:  # the kernel named the rank's process: its job is the job's tags, none when in none
+            for key in schema.TRAINING_JOB_TAGS:
+                if key in kernel and key in m.optional_tags:
+                    checked[key] = kernel[key]
+                else:
+                    checked.pop(key, None)
         series = Series(m, m.name, {**checked, "host": self.host}, specs)
         if all(type(v) is str for v in tags.values()):  # 1 == 1.0 == True: only exact strings are keys
             if len(state.tag_sets) >= MAX_TAG_SETS_PER_RUN:
