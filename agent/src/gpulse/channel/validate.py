@@ -217,10 +217,11 @@ class Validator:
     def set_rank_attribution(self, run: str, rank: str, tags: dict[str, str]) -> bool:
         """Tag the points of (run, rank) with ``tags``, the job of its process as the kernel names it.
 
-        They win over the job the rank names itself (``SLURM_JOB_ID`` can be set by anyone; a process the
-        kernel puts in no job gets none, else it could pass for a routed job's), and they are the only
-        source of ``account``, by which a ``[tenants]`` route sends points to a team's database. Whether
-        anything changed (then the run's checked tag sets are forgotten, so its next points get the tags)."""
+        They win over the job the rank names itself (``SLURM_JOB_ID`` can be set by anyone: once the kernel
+        has named the process, the rank's own ``job`` is dropped, so a process in no job cannot pass for a
+        routed job's; the job holding the GPUs it registered still applies), and they are the only source of
+        ``account``, by which a ``[tenants]`` route sends points to a team's database. Whether anything
+        changed (then the run's checked tag sets are forgotten, so its next points get the tags)."""
         key = (run, rank)
         if self._rank_kernel.get(key) == tags:
             return False
@@ -280,16 +281,15 @@ class Validator:
         else:
             self._runs.move_to_end(run)
         specs = state.specs.setdefault(m.name, {})
-        job = self._rank_jobs.get((run, checked["rank"]))
-        if job is not None and "job" not in checked and "job" in m.optional_tags:
-            checked["job"] = job
+        holder = self._rank_jobs.get((run, checked["rank"]))
         kernel = self._rank_kernel.get((run, checked["rank"]))
-        if kernel is not None:  # the kernel named the rank's process: its job is the job's tags, none when in none
-            for key in schema.TRAINING_JOB_TAGS:
-                if key in kernel and key in m.optional_tags:
-                    checked[key] = kernel[key]
-                else:
-                    checked.pop(key, None)
+        if kernel is not None:  # the kernel named the rank's process: the job it is in, else the GPUs' holder
+            checked.pop("job", None)  # never the job the rank names itself
+            for key, value in kernel.items():
+                if key in schema.TRAINING_JOB_TAGS and key in m.optional_tags:
+                    checked[key] = value
+        if holder is not None and "job" not in checked and "job" in m.optional_tags:
+            checked["job"] = holder
         series = Series(m, m.name, {**checked, "host": self.host}, specs)
         if all(type(v) is str for v in tags.values()):  # 1 == 1.0 == True: only exact strings are keys
             if len(state.tag_sets) >= MAX_TAG_SETS_PER_RUN:
