@@ -94,17 +94,22 @@ GPU_TAGS = ("host", "gpu", "uuid", "model")
 TRAIN_TAGS = ("host", "run", "rank", "local_rank", "world_size")
 #: Who a GPU process (and the GPU it holds) works for, from the kernel (``sources/attribution``).
 JOB_TAGS = ("job", "job_user", "account", "partition", "pod", "namespace")
+#: The job tags of a training point: ``account`` is the agent's, from the sending process's cgroup and initial
+#: environment (never the client's), so that a ``[tenants]`` route by account takes a run's points from its first.
+TRAINING_JOB_TAGS = ("job", "account")
 
 #: What the tags mean where a reader needs telling (``docs/schema.md``).
 TAG_DOCS: dict[str, str] = {
     "job": "the scheduler's job: the Slurm job id, or the Kubernetes pod UID, from the process's cgroup (where it "
     "names none, the one job a Slurm prolog's mapping gives the GPU: `--slurm-job-dir`); on `gpu`, "
     "the job all processes of the GPU belong to as of the last process sample (absent when none or several); "
-    "on training points, the rank's own job (`SLURM_JOB_ID`)",
+    "on training points, the job of the rank's process as its cgroup names it, else `SLURM_JOB_ID` as the rank "
+    "sends it",
     "job_user": "the Slurm job's user: the uid in the job's cgroup path (v1), else the process's owner "
     "(a job from the prolog's mapping: its `SLURM_JOB_USER`)",
     "account": "the Slurm job's account (`SLURM_JOB_ACCOUNT` of the process's initial environment, where readable, "
-    "else of the job's file in the prolog's mapping)",
+    "else of the job's file in the prolog's mapping); on training points, the agent reads it from the rank's "
+    "process (a rank cannot set it)",
     "partition": "the Slurm job's partition (`SLURM_JOB_PARTITION`, as `account`)",
     "pod": "the Kubernetes pod the kubelet allocated the GPU to (pod-resources API), also with no process on it",
     "namespace": "that pod's namespace",
@@ -401,7 +406,7 @@ TRAIN_STEP = Measurement(
         _c("alloc_retries", "count", "caching-allocator retries (cudaMalloc failed, cache flushed)"),
     ),
     open_fields=r"(phase_[a-z0-9_]{1,48}_(gpu_)?s|log_[A-Za-z0-9_./-]{1,64})",
-    optional_tags=("job",),
+    optional_tags=TRAINING_JOB_TAGS,
     max_extra_tags=8,
 )
 
@@ -424,7 +429,7 @@ TRAIN_RUN = Measurement(
         _i("duration_s", "float", "s", "run duration (at end)"),
         _i("pid", "int", "", "training process id"),
     ),
-    optional_tags=("job",),
+    optional_tags=TRAINING_JOB_TAGS,
     max_extra_tags=8,
     downsampled=False,
 )
@@ -438,7 +443,7 @@ TRAIN_EVENT = Measurement(
         _i("text", "str", "", "free text"),
         _i("step", "int", "", "step at which the event happened"),
     ),
-    optional_tags=("job",),
+    optional_tags=TRAINING_JOB_TAGS,
     max_extra_tags=8,
     downsampled=False,
 )
@@ -530,7 +535,7 @@ HOST_PROCESS = Measurement(
         _f("workers", "int", "count", "worker processes of a main process"),
         _i("cpu_limit_cores", "float", "cores", "the CPU limit of the main process's cgroup, absent when unlimited"),
     ),
-    optional_tags=("run", "rank"),
+    optional_tags=("run", "rank", *TRAINING_JOB_TAGS),
 )
 
 MEASUREMENTS: dict[str, Measurement] = {

@@ -9,13 +9,19 @@ receiver's public entry for one datagram) and the agent loop's :func:`gpu_jobs`.
 from __future__ import annotations
 
 import os
+import socket
 import time
+
+import pytest
+from support import cgroups
+from training_support import wait_for
 
 from gpulse.agent.loop import gpu_jobs
 from gpulse.channel import protocol
 from gpulse.channel.server import TrainingReceiver
 from gpulse.lineprotocol.parse import parse_line
 from gpulse.sources.base import GpuIdentity, Reading
+from gpulse.sources.processes import ProcessDescriber
 
 POD = "0f4c2b9e-1d2a-4c3b-9e8f-7a6b5c4d3e2f"
 OTHER = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
@@ -100,3 +106,64 @@ def test_the_agent_loop_reads_each_gpus_job_from_its_gpu_reading():
         Reading("gpu_process", 1, {"pid": 7}, 1, {"job": OTHER}),  # a process is not the GPU's holder
     ]
     assert gpu_jobs(readings, gpus) == {"GPU-a": POD}
+
+
+def start(rank: str, pid: int, seq: int, **extra: str) -> bytes:
+    fields = {"event": "start", "status": "running", "name": "r", "pid": pid}
+    return protocol.encode(protocol.Point("train_run", time.time_ns(), tags(rank, **extra), fields, seq))
+
+
+def test_a_rank_cannot_name_the_account_by_which_tenants_are_routed():
+    sent = Submitted()
+    rx = receiver(sent)
+    rx.handle_datagram(step("0", 3, account="a-team"))
+    rx.handle_datagram(step("0", 4, namespace="b-team"))
+    assert sent.lines == [] and rx.rejected["reserved_tag"] == 2
+
+
+@pytest.mark.skipif(cgroups.unavailable() is not None, reason=str(cgroups.unavailable()))
+def test_from_its_start_point_a_ranks_points_carry_the_job_and_account_of_its_process_as_the_kernel_names_them():
+    tree = cgroups.CgroupTree()
+    try:
+        v2 = cgroups.v2_root()
+        assert v2 is not None
+        env = {"SLURM_JOB_ID": "777", "SLURM_JOB_ACCOUNT": "a-team"}
+        proc = tree.start(v2, "system.slice/slurmstepd.scope/job_777/step_0/user/task_0", env)
+        sent = Submitted()
+        rx = TrainingReceiver("/nonexistent/agent.sock", "node1", sent, attribute=ProcessDescriber().job_tags)
+        rx.handle_datagram(start("0", proc.pid, 1, job="4242"))  # SLURM_JOB_ID can say anything: the cgroup wins
+        rx.handle_datagram(step("0", 2, job="4242"))
+        rx.handle_datagram(step("1", 3))  # another rank, whose process the agent was not told
+    finally:
+        tree.close()
+    assert [(p.measurement, p.tags.get("job"), p.tags.get("account")) for p in map(parse_line, sent.lines)] == [
+        ("train_run", "777", "a-team"),
+        ("train_step", "777", "a-team"),
+        ("train_step", None, None),
+    ]
+
+
+@pytest.mark.skipif(cgroups.unavailable() is not None, reason=str(cgroups.unavailable()))
+def test_a_run_naming_another_jobs_process_gets_its_own_job_not_that_ones(tmp_path):
+    """Over the real socket the kernel names the sender (``SCM_CREDENTIALS``): the pid a start point names is not taken."""
+    sent = Submitted()
+    rx = TrainingReceiver(str(tmp_path / "run" / "agent.sock"), "node1", sent, attribute=ProcessDescriber().job_tags)
+    with cgroups.CgroupTree() as tree:
+        v2 = cgroups.v2_root()
+        assert v2 is not None
+        env = {"SLURM_JOB_ID": "777", "SLURM_JOB_ACCOUNT": "a-team"}
+        other = tree.start(v2, "system.slice/slurmstepd.scope/job_777/step_0/user/task_0", env)
+        rx.start()
+        try:
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            # this test's process, in no Slurm job, names job 777's process and job 777 itself
+            client.sendto(start("0", other.pid, 1, job="777"), rx.path)
+            client.sendto(step("0", 2, job="777"), rx.path)
+            assert wait_for(lambda: len(sent.lines) == 2)
+            client.close()
+        finally:
+            rx.close()
+    assert [(p.measurement, p.tags.get("job"), p.tags.get("account")) for p in map(parse_line, sent.lines)] == [
+        ("train_run", None, None),
+        ("train_step", None, None),
+    ]

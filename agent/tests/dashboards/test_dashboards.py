@@ -447,17 +447,32 @@ def test_the_reference_checker_reports_misspelled_names_missing_downsampled_data
 
 
 def test_interpolation_formats_variables_like_grafana() -> None:
+    """What ``interpolateQueryExpr``, scenes' format registry and the backend's ``Query.Build`` make of a query."""
     hosts = Selection(("node-a", "node.b"))
     one = Selection(("run/1",), multi=False)
     q = 'SELECT 1 FROM "gpu" WHERE "host" =~ /^$host$/ AND "run" =~ /^${run:regex}$/ AND $timeFilter GROUP BY time($__interval)'
-    assert interpolate(q, {"host": hosts, "run": one}, time_from="now-6h", interval="10s") == (
+    assert interpolate(q, {"host": hosts, "run": one}, interval="10s", from_ms=1000, to_ms=2000) == (
         'SELECT 1 FROM "gpu" WHERE "host" =~ /^(node-a|node\\.b)$/ AND "run" =~ /^run\\/1$/ '
-        "AND time >= now() - 6h and time <= now() GROUP BY time(10s)"
+        "AND time >= 1000ms and time <= 2000ms GROUP BY time(10s)"
     )
+    # a multi-value variable is always a group, even of one value; a number is never escaped
+    assert interpolate("$host", {"host": Selection(("node.b",))}) == "(node\\.b)"
+    assert interpolate("$rank", {"rank": Selection(("1.5",), multi=False)}) == "1.5"
+    # a single value is escaped only where the query uses it, as $name, in a regex
     assert interpolate("$run", {"run": one}) == "run/1"
+    assert interpolate('"run" =~ /^$run$/', {"run": one}) == '"run" =~ /^run\\/1$/'
+    assert interpolate('"run" =~ /^${run}$/', {"run": one}) == '"run" =~ /^run/1$/'
+    # "All" with a custom allValue is that value, unescaped; without one, every option
+    assert interpolate("/^$job$/", {"job": Selection((), all_value=".*")}) == "/^.*$/"
+    every = Selection(("a", "b"), multi=False, all=True)
+    assert interpolate('"h" =~ /^$h$/ OR $h', {"h": every}) == '"h" =~ /^(a|b)$/ OR (a|b)'
+    assert interpolate("${h:csv} [[h:pipe]] ${h:glob}", {"h": every}) == "a,b a|b {a,b}"
     assert interpolate("time <= ${__to}ms", {}, from_ms=1, to_ms=2) == "time <= 2ms"
+    assert interpolate("$__interval_ms $interval", {}, interval="1m") == "60000 1m"
     with pytest.raises(KeyError):
         interpolate("$nope", {})
+    with pytest.raises(KeyError):  # not a macro of InfluxQL queries, which Grafana passes on as written
+        interpolate("WHERE $__timeFilter", {})
 
 
 def test_the_home_dashboard_and_docs_exist(repo_root: Path) -> None:

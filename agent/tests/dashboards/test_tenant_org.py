@@ -101,3 +101,36 @@ def test_on_influxdb_1_the_datasources_log_in_as_the_tenants_reader_user(tmp_pat
     }
     assert all("httpHeaderName1" not in ds["jsonData"] for ds in org.datasources.values())
     assert {s["password"] for s in org.secrets.values()} == {"pw"}
+
+
+def test_an_org_someone_else_made_gets_the_admin_as_its_admin_before_anything_is_written_in_it(tmp_path):
+    """Grafana looks a user up in the org ``X-Grafana-Org-Id`` names: a server admin who is not a member is refused."""
+    import base64
+    import json
+    import urllib.error
+    import urllib.request
+
+    from gpulse.dashboards.tenant_org import GrafanaAdmin, TenantGrafana, setup_grafana_tenant
+    from gpulse.influx.setup.common import SetupReport
+
+    tenant = TenantGrafana("vision", "http://influxdb:8086", "gpulse_vision", "gpulse_vision_reader:pw", api="v1")
+    with FakeGrafana(admin_password="admin-pw") as grafana, GrafanaAdmin(grafana.url, "admin:admin-pw") as admin:
+        grafana.add_user("ops", "ops-pw", server_admin=True)
+        theirs = grafana.add_org("vision", {"ops": "Admin"})
+        grafana.add_org("speech", {"ops": "Admin", "admin": "Viewer"})
+        req = urllib.request.Request(
+            f"{grafana.url}/api/datasources/uid/x",
+            headers={"Authorization": "Basic " + base64.b64encode(b"admin:admin-pw").decode(),
+                     "X-Grafana-Org-Id": str(theirs.id)},
+        )  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=10)
+        assert refused.value.code == 403
+        assert json.loads(refused.value.read())["message"].endswith("Permissions needed: datasources:read")
+
+        setup_grafana_tenant(admin, tenant, SetupReport())
+        speech = TenantGrafana("speech", tenant.influx_url, "gpulse_speech", "gpulse_speech_reader:pw", api="v1")
+        setup_grafana_tenant(admin, speech, SetupReport())
+    assert theirs.members == {"ops": "Admin", "admin": "Admin"}
+    assert set(theirs.datasources) == set(DATASOURCE_UIDS.values())
+    assert grafana.org("speech").members["admin"] == "Admin"  # a Viewer could write nothing there

@@ -130,3 +130,16 @@ def test_a_tenant_without_its_credential_file_stops_the_agent_with_the_command_t
     cfg = write_config(tmp_path, s, tmp_path / "t", '[[tenants.route]]\ntenant = "vision"\n')
     with pytest.raises(ConfigError, match="needs exactly one of slurm_account, k8s_namespace"):
         load_config(argparse.Namespace(config=str(cfg)), env={})
+
+
+def test_a_batch_is_split_between_the_fleet_and_a_tenant_the_same_way_however_often_it_is_written():
+    """A pod's training point names only its job; its process point, later in the same batch, names the namespace."""
+    batch = [
+        f"train_step,host=n1,run=r,rank=0,job=uid-1 loss=1 {T}\n",
+        f"gpu_process,host=n1,gpu=0,pid=7,job=uid-1,pod=p,namespace=speech mem=1i {T}\n",
+        f"gpu,host=n1,gpu=0 util=1 {T}\n",
+    ]
+    fleet, speech = Router(ROUTES), Router(ROUTES)
+    first = (fleet.tenants_of(batch), speech.tenants_of(batch))
+    assert first == (["speech", "speech", None], ["speech", "speech", None])
+    assert (fleet.tenants_of(batch), speech.tenants_of(batch)) == first  # a retry decides as the first write

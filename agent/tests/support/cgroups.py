@@ -68,6 +68,12 @@ class CgroupTree:
         wait_until(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"), 10, "execve", 0.01)
         return proc
 
+    def __enter__(self) -> CgroupTree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         for proc in self.procs:
             for root in (v2_root(), v1_root()):

@@ -41,6 +41,20 @@ def influxdb_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Influx
         server.stop()
 
 
+@pytest.fixture
+def influxdb_auth(tmp_path: Path) -> Iterator[InfluxDB1]:
+    """A fresh real InfluxDB 1.x with authentication on and one admin user, whose ``user:password`` is in
+    ``tmp_path / "admin-token"`` (0600), as ``--token-file`` reads it for ``--api v1``."""
+    server = InfluxDB1(tmp_path / "influxd", auth=True).start()
+    try:
+        server.query("CREATE USER admin WITH PASSWORD 'admin-pw' WITH ALL PRIVILEGES")  # the first user needs no auth
+        (tmp_path / "admin-token").write_text("admin:admin-pw\n")
+        (tmp_path / "admin-token").chmod(0o600)
+        yield server
+    finally:
+        server.stop()
+
+
 def gpulse_cmd(*args: str) -> list[str]:
     """The command line that runs the installed ``gpulse`` CLI with this interpreter."""
     return [sys.executable, "-m", "gpulse", *args]

@@ -114,7 +114,8 @@ def resolve_variables(
         q = interpolate(v["query"], resolved, time_from=time_from)
         values = _sorted(variable_values(influx, q), v.get("sort", 0))
         pick = picks.get(v["name"])
-        all_value = v.get("allValue") if pick is None and v["includeAll"] else None
+        every = pick is None and bool(v["includeAll"])  # "All" is selected
+        all_value = (v.get("allValue") or None) if every else None  # an empty allValue is none (scenes)
         if not values and all_value is not None:
             resolved[v["name"]] = Selection((), all_value=all_value)
             continue
@@ -124,7 +125,7 @@ def resolve_variables(
             values = [pick]
         elif not v["includeAll"]:
             values = values[:1]
-        resolved[v["name"]] = Selection(tuple(values), multi=v["multi"] or v["includeAll"], all_value=all_value)
+        resolved[v["name"]] = Selection(tuple(values), multi=bool(v["multi"]), all_value=all_value, all=every)
     return resolved
 
 

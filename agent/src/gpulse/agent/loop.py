@@ -211,7 +211,7 @@ class Agent:
         self._gpu_info_due = 0
         self.host_sampler = None if cfg.no_host_metrics else HostSampler()
         self._host_series = self.encoder.series("host", {"host": cfg.host})
-        self._process_series: dict[tuple[str, str, str], Series] = {}
+        self._process_series: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], Series] = {}
         self.findings = LiveFindings(LiveWindow(cfg.live_window_steps, cfg.live_window_s, cfg.live_every_s))
 
     # -- control (signal handlers and tests) ------------------------------------------------------
@@ -314,6 +314,7 @@ class Agent:
         self.delivery.start()
         if not cfg.no_socket:
             from gpulse.channel.server import TrainingReceiver
+            from gpulse.sources.processes import ProcessDescriber
 
             try:
                 self.receiver = TrainingReceiver(
@@ -323,6 +324,7 @@ class Agent:
                     group=cfg.socket_group,
                     status=self.snapshot,
                     observe=self.findings.observe,
+                    attribute=ProcessDescriber().job_tags,
                 )
                 self.receiver.start()
             except OSError as e:
@@ -507,10 +509,12 @@ class Agent:
         points = [(self._host_series, node.fields())]
         self.findings.observe("host", {"host": self.cfg.host}, points[0][1], ts)
         for p in procs:
-            key = (p.run, p.rank, p.process)
+            job = self.receiver.job_tags(p.run, p.rank) if self.receiver is not None else {}
+            key = (p.run, p.rank, p.process, tuple(job.items()))
             series = cache.get(key)
             if series is None:
-                series = cache[key] = self.encoder.series("host_process", {"host": self.cfg.host, **p.tags})
+                tags = {"host": self.cfg.host, **p.tags, **job}
+                series = cache[key] = self.encoder.series("host_process", tags)
             points.append((series, p.fields()))
             self.findings.observe("host_process", {"host": self.cfg.host, **p.tags}, points[-1][1], ts)
         out = []

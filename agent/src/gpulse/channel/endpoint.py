@@ -112,7 +112,22 @@ class AgentEndpoint:
 
 def sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
     """The sender's uid from ``SCM_CREDENTIALS`` ancillary data, ``None`` when there is none."""
+    creds = _credentials(ancillary)
+    return creds[1] if creds else None
+
+
+def sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The sending process's id (in the receiver's PID namespace) from ``SCM_CREDENTIALS``, ``None`` when none."""
+    creds = _credentials(ancillary)
+    return creds[0] if creds else None
+
+
+def _credentials(ancillary: list[tuple[int, int, bytes]]) -> tuple[int, int, int] | None:
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
-            return _UCRED.unpack_from(data)[1]
+            return _UCRED.unpack_from(data)  # type: ignore[return-value]
     return None
+
+
+#: Room for the ``SCM_CREDENTIALS`` of one datagram, for ``recvmsg``.
+CREDENTIALS_SPACE = _CMSG_SPACE

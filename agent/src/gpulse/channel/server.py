@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulse.channel import protocol
+from gpulse.channel.endpoint import CREDENTIALS_SPACE, sender_pid
 from gpulse.channel.validate import MAX_OPEN_FIELDS_PER_RUN, CheckedPoint, Rejected, Validator, unpack
 from gpulse.lineprotocol.encode import Encoder
 
@@ -44,6 +45,9 @@ Submit = Callable[[list[str]], int]
 Observe = Callable[[str, dict[str, str], dict[str, Any], int], None]
 #: the measurements an observer is shown
 OBSERVED = ("train_step", "train_run")
+#: ``attribute(pid)``: the job tags (``schema.JOB_TAGS``) the kernel gives a process, ``{}`` when in no job,
+#: ``None`` when the process cannot be read
+Attribute = Callable[[int], "dict[str, str] | None"]
 
 #: Seconds between checks that registered training processes still exist.
 LIVENESS_INTERVAL_S = 2.0
@@ -83,11 +87,14 @@ class TrainingReceiver:
         status: Callable[[], dict[str, Any]] | None = None,
         durable: Callable[[], int] | None = None,
         observe: Observe | None = None,
+        attribute: Attribute | None = None,
         now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         """``submit(lines) -> ticket`` is ``Delivery.submit``; ``durable()`` returns the highest durable
         ticket (default: ``submit.__self__.durable_upto`` when ``submit`` is a Delivery's bound method);
-        ``observe`` is shown each accepted training step and run point (the agent's rolling findings).
+        ``observe`` is shown each accepted training step and run point (the agent's rolling findings);
+        ``attribute`` names the job of a rank's process (its start point's or registration's pid), whose
+        tags its points then carry from that point on.
         """
         self.path = path
         self.host = host
@@ -100,6 +107,8 @@ class TrainingReceiver:
                 durable = lambda: owner.durable_upto  # noqa: E731
         self._durable = durable
         self._observe = observe
+        self._attribute = attribute
+        self._sender: int | None = None  # the process that sent the datagram being handled
         self._now_ns = now_ns
         self._validator = Validator(host)
         self._encoder = Encoder()
@@ -188,6 +197,9 @@ class TrainingReceiver:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         except OSError:
             pass
+        # the kernel attaches each sender's pid (SCM_CREDENTIALS): a rank's job is read from the process
+        # that sends its points, never from the pid a message names
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         return sock
 
     def _remove_stale(self) -> None:
@@ -220,10 +232,12 @@ class TrainingReceiver:
                     deadline = time.monotonic() + ACK_INTERVAL_S
                     while time.monotonic() < deadline:
                         try:
-                            data, addr = sock.recvfrom(protocol.MAX_DATAGRAM + 1, socket.MSG_DONTWAIT)
+                            data, ancillary, _flags, addr = sock.recvmsg(
+                                protocol.MAX_DATAGRAM + 1, CREDENTIALS_SPACE, socket.MSG_DONTWAIT
+                            )
                         except (BlockingIOError, InterruptedError):
                             break
-                        self.handle_datagram(data, addr)
+                        self.handle_datagram(data, addr, sender_pid(ancillary))
                 self._send_acks()
                 now = time.monotonic()
                 if now - self._last_liveness >= LIVENESS_INTERVAL_S:
@@ -234,8 +248,12 @@ class TrainingReceiver:
                 self._count_once("internal_error", repr(e))
                 time.sleep(0.05)
 
-    def handle_datagram(self, data: bytes, addr: Any = None) -> None:
-        """Check and act on one datagram; never raises. Public so tests can drive it directly."""
+    def handle_datagram(self, data: bytes, addr: Any = None, sender: int | None = None) -> None:
+        """Check and act on one datagram; never raises. Public so tests can drive it directly.
+
+        ``sender``: the sending process's id as the kernel gave it; a rank's job tags are read from it
+        (without it, from the pid the message names: only tests call this without a socket)."""
+        self._sender = sender
         try:
             messages = unpack(data)
         except Rejected as e:
@@ -266,10 +284,11 @@ class TrainingReceiver:
                 continue
             self.records_received += 1
             if type(msg) is CheckedPoint:
+                if self._note_start(raw, msg):  # its process's job is known now: this point carries it too
+                    msg = self._checked_again(raw, msg, now_ns)
                 line = self._encoder.line(msg.series, msg.fields, msg.ts)
                 if line is not None:
                     lines.append(line)
-                self._note_start(raw, msg)
                 self._show(raw, msg)
                 run = msg.run
             elif not self._register(msg):
@@ -398,6 +417,7 @@ class TrainingReceiver:
             self._registrations.pop(key, None)
         elif key in self._registrations or len(self._registrations) < MAX_REGISTRATIONS:
             self._registrations[key] = msg
+            self._attribute_rank(msg.run, msg.rank, msg.pid)
         else:
             self._reject("too_many_registrations", f"{len(self._registrations)} live registrations")
             return False
@@ -446,22 +466,50 @@ class TrainingReceiver:
                 jobs[key] = job
         self._validator.set_rank_jobs(jobs)
 
+    def job_tags(self, run: str, rank: str) -> dict[str, str]:
+        """The job tags the kernel gives the process of (run, rank): its ``host_process`` points carry them too."""
+        return self._validator.rank_attribution(run, rank)
+
     def training_processes(self) -> list[tuple[str, str, int]]:
         """(run, rank, pid) of the live training processes, whose host side the agent samples: the
         registered ones (GPU runs) and those whose run's start point named them (``pid``), GPU or not."""
         regs = {(r.run, r.rank, r.pid) for r in list(self._registrations.values())}
         return sorted(regs | set(list(self._started)))
 
-    def _note_start(self, raw: Any, msg: CheckedPoint) -> None:
-        """Remember the process a ``train_run`` start point names until its end point (or its end)."""
+    def _note_start(self, raw: Any, msg: CheckedPoint) -> bool:
+        """Remember the process a ``train_run`` start point names until its end point (or its end).
+
+        Whether the rank's job tags changed (its process was attributed just now)."""
         pid = msg.fields.get("pid")
         if msg.series.measurement != "train_run" or type(pid) is not int:
-            return
+            return False
         key = (msg.run, str(raw["tags"].get("rank", "0")), pid)  # tags that passed the validator
         if msg.fields.get("event") == "end":
             self._started.discard(key)
         elif msg.fields.get("event") == "start" and len(self._started) < MAX_REGISTRATIONS:
             self._started.add(key)
+            return self._attribute_rank(*key)
+        return False
+
+    def _attribute_rank(self, run: str, rank: str, pid: int) -> bool:
+        """Give (run, rank)'s points the job tags of the process that sent this datagram (``pid``, the one it
+        names, only when the kernel did not say); whether they changed. Failures are counted."""
+        if self._attribute is None:
+            return False
+        try:
+            tags = self._attribute(self._sender if self._sender is not None else pid)
+        except Exception as e:
+            self._count_once("attribute_failed", repr(e))
+            return False
+        return tags is not None and self._validator.set_rank_attribution(run, rank, tags)
+
+    def _checked_again(self, raw: Any, msg: CheckedPoint, now_ns: int) -> CheckedPoint:
+        """``raw`` checked again after its rank's tags changed (it passed once: it passes again)."""
+        try:
+            again = self._validator.message(raw, now_ns)
+        except Rejected:
+            return msg
+        return again if type(again) is CheckedPoint else msg
 
     def _show(self, raw: Any, msg: CheckedPoint) -> None:
         """Hand a training point to the observer; its failure is counted, never the channel's."""

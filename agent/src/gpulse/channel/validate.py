@@ -68,6 +68,9 @@ PAST_WINDOW_NS = 30 * 86400 * 10**9
 FUTURE_WINDOW_NS = 300 * 10**9
 #: Runs whose tag sets and open-field names are remembered (least recently used forgotten first).
 MAX_RUNS = 32
+#: Tags only the agent gives a training point, from the kernel: a rank naming one is refused (``reserved_tag``),
+#: else a run could send its points to another team's database by naming that team's Slurm account.
+AGENT_TAGS = frozenset(schema.JOB_TAGS) - {"job"}
 #: Checked tag sets remembered per run (one per rank on this node, usually).
 MAX_TAG_SETS_PER_RUN = 64
 
@@ -92,7 +95,7 @@ REJECT_CAUSES = {
     "missing_tag": "a required tag (run, rank, local_rank, world_size) is missing",
     "bad_tag_key": "a tag name is not an identifier",
     "bad_tag_value": "a tag value is not a non-empty string, too long, or rank/world_size not a number",
-    "reserved_tag": "a tag name is reserved (host, time, or a field name)",
+    "reserved_tag": "a tag name is reserved (host, time, a field name, or a job tag the agent reads from the kernel)",
     "too_many_tags": "more user tags than the schema allows",
     "bad_fields": f'"fields" is not an object, or has more than {MAX_FIELDS} entries',
     "no_valid_fields": "no field value survived validation",
@@ -169,6 +172,8 @@ class Validator:
     _runs: OrderedDict[str, _RunState] = field(default_factory=OrderedDict, repr=False)
     #: (run, rank) -> the job holding the GPUs that rank registered (:meth:`set_rank_jobs`)
     _rank_jobs: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
+    #: (run, rank) -> the job tags the kernel gives the rank's process (:meth:`set_rank_attribution`)
+    _rank_kernel: OrderedDict[tuple[str, str], dict[str, str]] = field(default_factory=OrderedDict, repr=False)
     #: measurement name -> declared field name -> type
     _declared: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
 
@@ -208,6 +213,29 @@ class Validator:
         self._rank_jobs = dict(jobs)
         for state in self._runs.values():
             state.tag_sets.clear()
+
+    def set_rank_attribution(self, run: str, rank: str, tags: dict[str, str]) -> bool:
+        """Tag the points of (run, rank) with ``tags``, the job of its process as the kernel names it.
+
+        They win over the job the rank names itself (``SLURM_JOB_ID`` can be set by anyone: once the kernel
+        has named the process, the rank's own ``job`` is dropped, so a process in no job cannot pass for a
+        routed job's; the job holding the GPUs it registered still applies), and they are the only source of
+        ``account``, by which a ``[tenants]`` route sends points to a team's database. Whether anything
+        changed (then the run's checked tag sets are forgotten, so its next points get the tags)."""
+        key = (run, rank)
+        if self._rank_kernel.get(key) == tags:
+            return False
+        self._rank_kernel[key] = dict(tags)
+        while len(self._rank_kernel) > MAX_RUNS * MAX_TAG_SETS_PER_RUN:
+            self._rank_kernel.popitem(last=False)
+        state = self._runs.get(run)
+        if state is not None:
+            state.tag_sets.clear()
+        return True
+
+    def rank_attribution(self, run: str, rank: str) -> dict[str, str]:
+        """The job tags :meth:`set_rank_attribution` gave (run, rank), ``{}`` when none."""
+        return self._rank_kernel.get((run, rank), {})
 
     # -- points -----------------------------------------------------------------------------------
     def _point(self, msg: Mapping[str, Any], seq: int | None, now_ns: int) -> CheckedPoint:
@@ -253,9 +281,15 @@ class Validator:
         else:
             self._runs.move_to_end(run)
         specs = state.specs.setdefault(m.name, {})
-        job = self._rank_jobs.get((run, checked["rank"]))
-        if job is not None and "job" not in checked and "job" in m.optional_tags:
-            checked["job"] = job
+        holder = self._rank_jobs.get((run, checked["rank"]))
+        kernel = self._rank_kernel.get((run, checked["rank"]))
+        if kernel is not None:  # the kernel named the rank's process: the job it is in, else the GPUs' holder
+            checked.pop("job", None)  # never the job the rank names itself
+            for key, value in kernel.items():
+                if key in schema.TRAINING_JOB_TAGS and key in m.optional_tags:
+                    checked[key] = value
+        if holder is not None and "job" not in checked and "job" in m.optional_tags:
+            checked["job"] = holder
         series = Series(m, m.name, {**checked, "host": self.host}, specs)
         if all(type(v) is str for v in tags.values()):  # 1 == 1.0 == True: only exact strings are keys
             if len(state.tag_sets) >= MAX_TAG_SETS_PER_RUN:
@@ -344,7 +378,7 @@ def check_tags(m: schema.Measurement, tags: Any) -> dict[str, str]:
     for key, value in tags.items():
         if not isinstance(key, str) or not _TAG_KEY.fullmatch(key):
             raise Rejected("bad_tag_key", repr(key)[:40])
-        if key in ("host", "time") or key in m.by_name:
+        if key in ("host", "time") or key in m.by_name or key in AGENT_TAGS:
             raise Rejected("reserved_tag", key)
         if type(value) is int:
             value = str(value)

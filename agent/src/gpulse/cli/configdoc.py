@@ -148,7 +148,9 @@ def _tenants() -> list[str]:
         *tenants_config.EXAMPLE.splitlines(),
         "```",
         "",
-        f"Routed to a tenant: {measurements}; everything else stays in the fleet's bucket.",
+        f"Routed to a tenant: {measurements}, of a job whose `account` or `namespace` a route names (a training "
+        "rank's account is read by the agent from its process's cgroup and initial environment, as slurmstepd "
+        "sets them); everything else, the points of a job no route names included, stays in the fleet's bucket.",
         "",
         "| key | meaning |",
         "| --- | --- |",

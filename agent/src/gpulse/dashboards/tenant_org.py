@@ -6,8 +6,11 @@ datasources carry the tenant's read-only InfluxDB credential. File provisioning 
 orgs (grafana/grafana#12119), so this goes through Grafana's HTTP API with a server admin's
 ``user:password``, re-runnably: each object is read first and written only on a difference.
 
-* the org: ``GET /api/orgs/name/:name``, else ``POST /api/orgs`` (the creator becomes its Admin, so
-  the requests below may name it with ``X-Grafana-Org-Id``);
+* the org: ``GET /api/orgs/name/:name``, else ``POST /api/orgs`` (the creator becomes its Admin);
+* the admin an Admin of it: the requests below name the org with ``X-Grafana-Org-Id``, and Grafana
+  looks the user up in that org, so a server admin who is not its member (an org made by someone
+  else) is refused there. ``GET /api/orgs/:id/users``, then ``POST /api/orgs/:id/users`` (not a
+  member) or ``PATCH /api/orgs/:id/users/:userId`` (a lesser role), which a server admin may do in any org;
 * one InfluxQL datasource per tier, the same uids as the fleet's so the dashboards work unchanged:
   ``GET /api/datasources/uid/:uid``, then ``POST /api/datasources`` or ``PUT /api/datasources/uid/:uid``.
   Grafana never answers a secret back (``secureJsonFields`` says only that one is set), so the
@@ -64,7 +67,7 @@ class GrafanaAdmin:
         user, sep, password = credentials.partition(":")
         if not sep:
             raise SetupError("the Grafana admin file must hold user:password of a Grafana server admin")
-        self.url = url
+        self.url, self.login = url, user
         self.http = HttpClient(url, authorization=basic_auth(user, password), timeout_s=timeout_s)
 
     def __enter__(self) -> GrafanaAdmin:
@@ -103,11 +106,27 @@ def setup_grafana_tenant(
     else:
         org_id = int(found["id"])
         report.add("unchanged", f"Grafana org {tenant.org} ({org_id})")
+    _ensure_admin_member(admin, org_id, tenant.org, report)
     for ds in tenant.datasources():
         _ensure_datasource(admin, org_id, tenant, ds, credential_changed, report)
     for dashboard in dashboards():
         _ensure_dashboard(admin, org_id, tenant.org, dashboard.to_json(), report)
     return org_id
+
+
+def _ensure_admin_member(admin: GrafanaAdmin, org_id: int, org: str, report: SetupReport) -> None:
+    """The admin is an Admin of the org, so that the datasource and dashboard calls in it are allowed."""
+    users = admin.call("GET", f"/api/orgs/{org_id}/users", f"list the users of org {org}") or []
+    me = next((u for u in users if u.get("login") == admin.login), None)
+    what = f"Grafana user {admin.login} an Admin of org {org}"
+    if me is None:
+        body = {"loginOrEmail": admin.login, "role": "Admin"}
+        admin.call("POST", f"/api/orgs/{org_id}/users", f"add {admin.login} to org {org}", json=body)
+        report.add("created", what)
+    elif me.get("role") != "Admin":
+        path = f"/api/orgs/{org_id}/users/{me['userId']}"
+        admin.call("PATCH", path, f"make {admin.login} an Admin of org {org}", json={"role": "Admin"})
+        report.add("updated", f"{what} (was {me.get('role')})")
 
 
 def _ensure_datasource(

@@ -2,10 +2,13 @@
 
 A :class:`Router` names the tenant of a line: a job-level point (:data:`JOB_MEASUREMENTS`: GPU
 processes, the host's processes, training points) whose Slurm ``account`` or Kubernetes
-``namespace`` tag matches a route belongs to that route's tenant. Training points carry only the
-``job`` tag, so the router learns ``job -> tenant`` from the job's process points and routes by it;
-a job's training points that pass before its first process sample stay with the fleet. Everything
-else (``gpu``, ``host``, ``agent``, ``gpu_event``...) is the fleet's, for the operators.
+``namespace`` tag matches a route belongs to that route's tenant. The agent tags a training rank's
+points with the ``account`` of its process (``channel/server.py``, from the kernel), so they are
+routed from the run's first point; a rank with no account there (a pod: its namespace comes from the
+kubelet with its GPU) is routed by its ``job``, which the router learns from the job's process points,
+and its points that pass before the first of those stay with the fleet. The agent's samples of a
+training process (``host_process``) carry its rank's job and account too. A job no route names is
+the fleet's, as is everything else (``gpu``, ``host``, ``agent``, ``gpu_event``...), for the operators.
 
 Every sink is wrapped in a :class:`RoutedSink` that writes only its own lines. Each sink (the
 fleet's and each tenant's) gets every batch and has its own spool, so one destination being down
@@ -49,17 +52,37 @@ class Router:
         self.jobs: dict[str, str] = {}
 
     def tenant_of(self, line: str) -> str | None:
+        return self._decide(self._tags(line), learn=True)
+
+    def tenants_of(self, lines: Sequence[str]) -> list[str | None]:
+        """The tenant of each line of a batch: the jobs it names are learnt first, then each line decided.
+
+        So a job's training point before its first process point in the same batch goes with it, and a
+        retried batch is decided as it was the first time (deciding line by line, a retry after the
+        batch taught a job could send a point to the tenant that the fleet's sink had already written)."""
+        tags = [self._tags(line) for line in lines]
+        for t in tags:
+            self._decide(t, learn=True)
+        return [self._decide(t, learn=False) for t in tags]
+
+    @staticmethod
+    def _tags(line: str) -> dict[str, str] | None:
+        """The tags of a job-level line, None for the others (node-level, or not parsable: the fleet's)."""
         head = line.split(" ", 1)[0]
         if head.split(",", 1)[0] not in JOB_MEASUREMENTS:  # cheap: most lines are node-level
             return None
         key = SERIES_KEY.match(line)
         try:  # the tags only: a line with a bad field still goes where its job's points go, to be refused there
-            tags = parse_line(f"{key.group(0) if key else ''} _=0").tags
+            return parse_line(f"{key.group(0) if key else ''} _=0").tags
         except LineError:
             return None  # the fleet's sink reports it
+
+    def _decide(self, tags: dict[str, str] | None, *, learn: bool) -> str | None:
+        if tags is None:
+            return None
         tenant = self.by_account.get(tags.get("account", "")) or self.by_namespace.get(tags.get("namespace", ""))
         job = tags.get("job")
-        if tenant is not None and job:
+        if tenant is not None and job and learn:
             self.jobs[job] = tenant
         elif tenant is None and job:
             tenant = self.jobs.get(job)
@@ -77,7 +100,7 @@ class RoutedSink(Sink):
         self.is_database = inner.is_database and tenant is None
 
     def write(self, lines: Sequence[str]) -> None:
-        mine = [i for i, line in enumerate(lines) if self.router.tenant_of(line) == self.tenant]
+        mine = [i for i, tenant in enumerate(self.router.tenants_of(lines)) if tenant == self.tenant]
         if not mine:
             return
         try:

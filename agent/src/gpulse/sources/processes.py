@@ -220,6 +220,18 @@ class ProcessDescriber:
             self._cache[key] = d
         return d
 
+    def job_tags(self, pid: int) -> dict[str, str] | None:
+        """The job tags of process ``pid`` from its cgroup and initial environment alone (no pod holder, no
+        container name): what the agent gives a training rank's points, which NVML may never list (CPU runs).
+        ``None`` when the process cannot be read (gone, or in a PID namespace the agent does not see)."""
+        base = f"{self.proc_root}/{pid}"
+        start = self._start_time(base) if pid > 0 else None
+        if start is None:
+            return None
+        d = self._cache.get((pid, start))
+        job = d.job if d is not None else self._job(pid, self._read(f"{base}/cgroup") or "", self._user(base))
+        return job_tags(job, None)
+
     @staticmethod
     def _read(path: str) -> str | None:
         try:

@@ -21,7 +21,21 @@ from typing import Any
 from gpulse.training.errors import Guard
 
 MAX_USER_TAGS = 8
-RESERVED_TAGS = ("host", "run", "rank", "local_rank", "world_size", "job")
+#: The agent's tags: the identity above, and the job tags it reads from the kernel (``schema.JOB_TAGS``; the
+#: agent refuses a point that names ``account`` or the like, by which a route picks a team's database).
+RESERVED_TAGS = (
+    "host",
+    "run",
+    "rank",
+    "local_rank",
+    "world_size",
+    "job",
+    "job_user",
+    "account",
+    "partition",
+    "pod",
+    "namespace",
+)
 #: Longest tag value (the schema's limit; the agent rejects longer ones).
 MAX_TAG_VALUE = 256
 _TAG_KEY = r"[A-Za-z0-9_.\-]{1,64}"  # a pattern string: ``re`` compiles it on first use
