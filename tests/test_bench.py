@@ -76,3 +76,21 @@ def test_the_background_split_names_every_part_for_both_cases(repo_root):
         figures = dict(line.split()[:2] for line in case.splitlines()[1:] if line.startswith("  "))
         assert parts <= set(figures), (parts, figures)
         assert all(float(v) > 0 for v in figures.values()), figures
+
+
+def test_the_memory_holders_driver_names_each_holder_bounded(repo_root):
+    """``bench/memory_holders.py`` (docs/channel.md, "Limits") runs the memory test's traffic through a
+    real agent and names what each per-run, per-rank and per-process holder keeps, within its bound."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    out = subprocess.run(
+        [sys.executable, "memory_holders.py", "--rounds", "1", "--ranks", "20"],
+        cwd=repo_root / "bench", env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    after_ranks = out.stdout.split("after 20 ranks:")[1]
+    entries = {line.split("entries")[1].split("KiB each")[-1].strip(): int(line.split()[2])
+               for line in after_ranks.splitlines() if " entries " in line}  # fmt: skip
+    assert entries["live findings windows (agent/findings.py)"] == 32  # MAX_RUNS: the attack's runs evicted
+    assert entries["registrations (channel/server.py)"] == entries["started processes (channel/server.py)"] == 20
+    assert entries["host processes (sources/host.py)"] == 20
+    assert "traced growth since the start" in out.stdout.split("after round 1:")[1]

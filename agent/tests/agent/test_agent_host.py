@@ -17,8 +17,10 @@ from pathlib import Path
 from support.waiting import wait_until
 from test_agent import by_measurement, make_cfg, read_record, run_agent
 
+from gpulse.agent import loop
 from gpulse.agent.loop import Agent
 from gpulse.channel import protocol
+from gpulse.channel.server import TrainingReceiver
 
 
 def test_every_cycle_writes_a_host_point_with_the_gpus_timestamp_and_the_first_has_no_rates(tmp_path: Path) -> None:
@@ -83,3 +85,28 @@ def test_a_run_s_start_point_has_its_process_and_workers_sampled_until_its_end_p
     assert len(main) >= 5  # sampled every cycle of the ~1 s between its start and its end
     # none in the second after its end (the channel handles a datagram within ~0.1 s; 0.5 s of slack)
     assert all(started - 200_000_000 <= p.ts <= ended + 500_000_000 for p in procs)
+
+
+def test_host_process_series_are_kept_least_recently_used_and_out_of_the_encoder_s_cache(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A long-lived node sees ever new runs: their host_process series do not pile up anywhere."""
+    monkeypatch.setattr(loop, "MAX_PROCESS_SERIES", 2)
+    cfg = make_cfg(tmp_path, "--simulate", "1", "--socket", str(tmp_path / "run" / "agent.sock"))
+    agent = Agent(cfg, stream=io.StringIO(), tty=False)
+    agent.receiver = TrainingReceiver(cfg.socket_path, cfg.host, lambda lines: 0)  # not started: fed directly
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+    try:
+        for k, p in enumerate(sleepers):
+            tags = {"run": f"r{k}", "rank": "0", "local_rank": "0", "world_size": "1"}
+            start = protocol.Point("train_run", time.time_ns(), tags, {"event": "start", "pid": p.pid}, k)
+            agent.receiver.handle_datagram(protocol.encode(start))
+        for _ in range(2):  # two cycles: each evicts and rebuilds, nothing piles up
+            lines = [line for line in agent._host_lines(time.time_ns()) if line.startswith("host_process,")]
+            assert sorted(line.split("run=")[1].split(" ")[0] for line in lines) == ["r0", "r1", "r2"]
+            assert [key[0] for key in agent._process_series] == ["r1", "r2"]  # the last two used
+        assert not [key for key in agent.encoder._series if key[0] == "host_process"]
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()

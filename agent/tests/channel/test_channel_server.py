@@ -271,6 +271,20 @@ def test_after_a_failed_submit_that_client_gets_no_more_acks_and_the_channel_kee
         r.close()
 
 
+def test_processes_named_by_start_points_are_bounded_the_oldest_evicted_counted_and_logged_once(
+    rx, monkeypatch, caplog
+):
+    """A node where more runs start than the agent keeps: MAX_STARTED + 1 start points keep MAX_STARTED processes."""
+    monkeypatch.setattr(receiver_mod, "MAX_STARTED", 2)
+    c = Client(rx.path)
+    runs = ("r1", "r2", "r3", "r4")
+    c.send(*(protocol.Point("train_run", time.time_ns(), {**TAGS, "run": run}, {"event": "start", "pid": os.getpid()}, seq) for seq, run in enumerate(runs, 1)))  # fmt: skip
+    assert wait_for(lambda: rx.stats()["records_accepted"] == 4)
+    assert rx.training_processes() == [("r3", "0", os.getpid()), ("r4", "0", os.getpid())]
+    assert rx.stats()["processes_evicted"] == 2
+    assert len([r for r in caplog.records if "is no longer sampled" in r.getMessage()]) == 1
+
+
 def test_registrations_are_bounded_and_the_excess_is_rejected_and_acked(rx, monkeypatch):
     monkeypatch.setattr(receiver_mod, "MAX_REGISTRATIONS", 2)
     c = Client(rx.path)

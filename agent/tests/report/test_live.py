@@ -11,7 +11,14 @@ from collections.abc import Callable
 
 import pytest
 
-from gpulse.report.live import FindingState, LiveFinding, LiveWindow, RollingFindings
+from gpulse.report.live import (
+    MAX_BESIDE_ROWS,
+    MAX_WINDOW_ROWS,
+    FindingState,
+    LiveFinding,
+    LiveWindow,
+    RollingFindings,
+)
 
 STEP_NS = 100_000_000
 WINDOW = LiveWindow(steps=20, seconds=1.0, every_s=0.5)
@@ -156,3 +163,16 @@ def test_the_gpu_rules_read_the_run_s_gpu_rows_beside_its_steps() -> None:
     changes = drive(engine, range(1, 200), rows)
     assert [(c.rule, c.state) for _, c in changes] == [("gpu_starved", FindingState.RAISED)]
     assert 100 < changes[0][0] <= 100 + 2 * WINDOW.steps and "busy 5%" in changes[0][1].evidence
+
+
+def test_a_window_keeps_at_most_max_window_rows_steps_and_max_beside_rows_of_each_host_measurement() -> None:
+    """Many ranks, or a long window, cannot grow one run's window without bound: the oldest rows go first."""
+    engine = RollingFindings("r1", LiveWindow(steps=20, seconds=3600.0, every_s=0.5))  # every row is in the window
+    for s in range(1, MAX_WINDOW_ROWS + 2):
+        engine.add(step_row(1 + s // 64, rank=s % 64))
+    for m in ("host", "host_process", "gpu"):
+        for s in range(1, MAX_BESIDE_ROWS + 2):
+            engine.add_beside(m, {"time": s * STEP_NS, "host": "n1", "cpus": 2})
+    assert engine.held() == {"train_step": MAX_WINDOW_ROWS, "host": MAX_BESIDE_ROWS, "host_process": MAX_BESIDE_ROWS, "gpu": MAX_BESIDE_ROWS}  # fmt: skip
+    assert engine.last_step == 1 + (MAX_WINDOW_ROWS + 1) // 64
+    assert engine.evaluate(10**12) == []  # the capped window is still judged

@@ -15,6 +15,7 @@ from support.cgroup_limits import READ_SIZE, CpuLimit, SlowDisk
 from support.waiting import wait_until
 
 from gpulse.schema import HOST, HOST_PROCESS
+from gpulse.sources import host
 from gpulse.sources.host import HostSampler, TrainingProcess, cgroup_cpu_limit
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -193,3 +194,20 @@ def test_a_worker_that_ended_unreaped_is_one_gone_reading_then_nothing(procs) ->
     wait_until(lambda: psutil.Process(worker).status() == psutil.STATUS_ZOMBIE, what="the worker's end")
     assert [(r.process, r.state) for r in sampler.processes(target)][1] == ("worker0", "gone")
     assert [r.process for r in sampler.processes(target)] == ["main"]
+
+
+def test_processes_beyond_max_processes_wait_for_a_place_counted_and_logged_once(procs, monkeypatch, caplog) -> None:
+    """Those followed keep their place (their rates need the last cycle); a further one is skipped until one
+    is no longer followed."""
+    monkeypatch.setattr(host, "MAX_PROCESSES", 2)
+    for _ in range(3):
+        procs.append(start("import time; time.sleep(60)"))
+    sampler = HostSampler()
+    target = [TrainingProcess(f"r{k}", "0", p.pid) for k, p in enumerate(procs)]
+    for cycle in (1, 2):
+        assert [r.run for r in sampler.processes(target)] == ["r0", "r1"]
+        assert sampler.processes_skipped == cycle
+    assert len([r for r in caplog.records if "is not sampled" in r.getMessage()]) == 1
+    # r0's process ended and the channel unregistered it: its place is free from the next cycle on
+    assert [r.run for r in sampler.processes(target[1:])] == ["r1"] and sampler.processes_skipped == 3
+    assert [r.run for r in sampler.processes(target[1:])] == ["r1", "r2"] and sampler.processes_skipped == 3

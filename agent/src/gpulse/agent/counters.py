@@ -79,6 +79,12 @@ class Counts:
     runs_registered: int
     #: NaN/Inf values dropped, by the agent's encoder and by the training channel's validator
     values_dropped_nonfinite: int
+    #: runs the rolling findings forgot for a newer one, and process samples the host sampler skipped
+    #: (what the agent keeps per run and per process is bounded)
+    live_runs_evicted: int
+    host_processes_skipped: int
+    #: processes named by runs' start points that the training channel forgot for newer ones
+    training_processes_evicted: int
 
     @property
     def samples(self) -> int:
@@ -116,6 +122,8 @@ def read(
     delivery: Any | None,
     receiver: Any | None,
     encoder_nonfinite: int,
+    live_runs_evicted: int = 0,
+    host_processes_skipped: int = 0,
 ) -> Counts:
     """One :class:`Counts` from the agent's parts (delivery and the receiver may be absent)."""
     d: Mapping[str, Any] = delivery.stats() if delivery is not None else {}
@@ -137,7 +145,10 @@ def read(
         records_received=int(rs.get("records_received", 0)),
         records_rejected=int(rs.get("records_rejected", 0)),
         runs_registered=int(rs.get("runs_registered", 0)),
+        training_processes_evicted=int(rs.get("processes_evicted", 0)),
         values_dropped_nonfinite=encoder_nonfinite + dropped_by_channel,
+        live_runs_evicted=live_runs_evicted,
+        host_processes_skipped=host_processes_skipped,
     )
 
 

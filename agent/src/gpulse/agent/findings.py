@@ -5,26 +5,32 @@ The training channel hands every accepted ``train_step`` and ``train_run`` point
 points of the GPUs each run registered; the agent's sampling loop calls :meth:`LiveFindings.evaluate` once per cycle, which
 runs the rules at most every ``every_s`` per run, off both the training processes and the channel thread.
 Here every rank of the node is seen, so ``rank_imbalance`` can be judged across them. A run's state is
-dropped at its end point (the first rank's; its ``metrics_report.json`` holds the final diagnosis)
-or after :data:`IDLE_RUN_S` without a step, and its open findings are then written as ``ended``, so
-that alerts on them resolve.
+dropped at its end point (the first rank's; its ``metrics_report.json`` holds the final diagnosis),
+after :data:`IDLE_RUN_S` without a step, or when a step of a new run finds :data:`MAX_RUNS` runs
+judged already (the run that stepped least recently makes room: counted in ``runs_evicted``, the
+agent's ``live_runs_evicted``, and logged once), and its open findings are then written as
+``ended``, so that alerts on them resolve. With each window's rows bounded too
+(:data:`~gpulse.report.live.MAX_WINDOW_ROWS`), unique run names cannot grow the agent.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from gpulse.report.live import FindingState, LiveFinding, LiveWindow, RollingFindings
+from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.agent.findings")
 
 #: A run silent this long is forgotten (a crash without an end point).
 IDLE_RUN_S = 600.0
-#: Runs judged at once; a step of a further run is ignored until one ends (bounded memory).
-MAX_RUNS = 64
+#: Runs judged at once (as many as the channel's validator remembers); a step of a further run
+#: evicts the run that stepped least recently (bounded memory).
+MAX_RUNS = 32
 
 
 class LiveFindings:
@@ -32,8 +38,12 @@ class LiveFindings:
 
     def __init__(self, window: LiveWindow) -> None:
         self.window = window
-        self._runs: dict[str, RollingFindings] = {}
+        #: least recently stepped first
+        self._runs: OrderedDict[str, RollingFindings] = OrderedDict()
         self._seen_ns: dict[str, int] = {}
+        #: runs forgotten to make room for a new one (:data:`MAX_RUNS`)
+        self.runs_evicted = 0
+        self._once = CountedLog(log, period_s=None)
         self._lock = threading.Lock()
         #: findings closed by their run's end, written at the next evaluation
         self._ended: list[LiveFinding] = []
@@ -45,8 +55,9 @@ class LiveFindings:
         run = tags.get("run")
         with self._lock:
             if measurement == "host":
+                row = {"time": ts, **tags, **fields}  # one row for every run's window: they only read it
                 for engine in self._runs.values():
-                    engine.add_beside(measurement, {"time": ts, **tags, **fields})
+                    engine.add_beside(measurement, row)
             elif not run:
                 return
             elif measurement in ("host_process", "gpu"):
@@ -58,8 +69,10 @@ class LiveFindings:
                 engine = self._runs.get(run)
                 if engine is None:
                     if len(self._runs) >= MAX_RUNS:
-                        return
+                        self._evict(run, ts)
                     engine = self._runs[run] = RollingFindings(run, self.window)
+                else:
+                    self._runs.move_to_end(run)
                 engine.add({"time": ts, **tags, **fields})
                 self._seen_ns[run] = ts
 
@@ -75,11 +88,31 @@ class LiveFindings:
             log.log(logging.WARNING if c.state is FindingState.RAISED else logging.INFO, "finding: %s", c.line())
         return changes
 
+    def _evict(self, newcomer: str, ts: int) -> None:
+        """Forget the run that stepped least recently, so that ``newcomer`` is judged; counted, logged once."""
+        oldest = next(iter(self._runs))
+        self._end(oldest, ts)
+        self.runs_evicted += 1
+        self._once.log(
+            "runs-evicted",
+            logging.WARNING,
+            "rolling findings: more than %d runs step on this node at once: run %s (the least recently stepped) "
+            "is no longer judged so that run %s is; further evictions are only counted (live_runs_evicted)",
+            MAX_RUNS,
+            oldest,
+            newcomer,
+        )
+
     def _end(self, run: str, ts: int) -> None:
         engine = self._runs.pop(run, None)
         self._seen_ns.pop(run, None)
         if engine is not None:
             self._ended += engine.end(ts)
+
+    def judged(self) -> list[str]:
+        """The runs judged now, the least recently stepped first."""
+        with self._lock:
+            return list(self._runs)
 
     def open(self) -> dict[str, list[dict[str, Any]]]:
         """Run id -> its open findings (JSON form), for ``gpulse status``."""

@@ -29,7 +29,7 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -42,7 +42,7 @@ from gpulse.lineprotocol.encode import Encoder, Series
 from gpulse.report.live import LiveWindow
 from gpulse.schema import GPU_TAGS, MEASUREMENTS
 from gpulse.sources.base import GpuIdentity, GpuSource, Reading, SourceUnavailable
-from gpulse.sources.host import HostSampler, TrainingProcess
+from gpulse.sources.host import MAX_PROCESSES, HostSampler, TrainingProcess
 from gpulse.util.countlog import CountedLog
 
 log = logging.getLogger("gpulse.agent")
@@ -61,8 +61,9 @@ _CLOCK_STEP_NS = 100_000_000
 #: The latest ``gpu_info`` of each GPU is written again this often, so it stays inside the raw
 #: retention however long the agent runs (the inventory panels read it from the raw tier).
 GPU_INFO_EVERY_S = 3600
-#: ``host_process`` series kept encoded (run, rank, process); past this the cache starts afresh.
-MAX_PROCESS_SERIES = 4096
+#: ``host_process`` series kept encoded (run, rank, process), the least recently used forgotten first;
+#: kept here alone, not in the encoder's cache, which a long-lived node's runs would fill.
+MAX_PROCESS_SERIES = 2 * MAX_PROCESSES
 
 
 def make_source(cfg: AgentConfig) -> GpuSource:
@@ -211,7 +212,9 @@ class Agent:
         self._gpu_info_due = 0
         self.host_sampler = None if cfg.no_host_metrics else HostSampler()
         self._host_series = self.encoder.series("host", {"host": cfg.host})
-        self._process_series: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], Series] = {}
+        self._process_series: OrderedDict[tuple[str, str, str, tuple[tuple[str, str], ...]], Series] = OrderedDict()
+        #: one field-spec dict for every ``host_process`` series (the measurement has no open fields)
+        self._process_specs: dict[str, tuple[str, str]] = {}
         self.findings = LiveFindings(LiveWindow(cfg.live_window_steps, cfg.live_window_s, cfg.live_every_s))
 
     # -- control (signal handlers and tests) ------------------------------------------------------
@@ -504,8 +507,6 @@ class Agent:
             _rlog.log(f"host-{type(e).__name__}", logging.ERROR, "host sampling failed (counted): %r", e)
             return []
         cache = self._process_series
-        if len(cache) > MAX_PROCESS_SERIES:
-            cache.clear()
         points = [(self._host_series, node.fields())]
         self.findings.observe("host", {"host": self.cfg.host}, points[0][1], ts)
         for p in procs:
@@ -513,8 +514,12 @@ class Agent:
             key = (p.run, p.rank, p.process, tuple(job.items()))
             series = cache.get(key)
             if series is None:
+                if len(cache) >= MAX_PROCESS_SERIES:
+                    cache.popitem(last=False)
                 tags = {"host": self.cfg.host, **p.tags, **job}
-                series = cache[key] = self.encoder.series("host_process", tags)
+                series = cache[key] = Series(MEASUREMENTS["host_process"], "host_process", tags, self._process_specs)
+            else:
+                cache.move_to_end(key)
             points.append((series, p.fields()))
             self.findings.observe("host_process", {"host": self.cfg.host, **p.tags}, points[-1][1], ts)
         out = []
@@ -578,6 +583,8 @@ class Agent:
             delivery=self.delivery,
             receiver=self.receiver,
             encoder_nonfinite=self.encoder.nonfinite_dropped,
+            live_runs_evicted=self.findings.runs_evicted,
+            host_processes_skipped=self.host_sampler.processes_skipped if self.host_sampler is not None else 0,
         )
 
     def self_metrics(self) -> dict[str, Any]:
@@ -649,6 +656,9 @@ class Agent:
             "cycle_errors": c.cycle_errors,
             "records_received": r.records_received,
             "records_rejected": r.records_rejected,
+            "live_runs_evicted": r.live_runs_evicted,
+            "host_processes_skipped": r.host_processes_skipped,
+            "training_processes_evicted": r.training_processes_evicted,
             "uptime_s": round(r.uptime_s, 3),
             "cpu_s": round(process_cpu_s(), 3),  # everything, imports and shutdown included
             # steady state: the whole process (all threads) while sampling, per cycle

@@ -58,8 +58,12 @@ CLIENT_IDLE_S = 120.0
 MAX_CLIENTS = 1024
 #: (seq, ticket) pairs remembered per client; beyond it the newest pairs are merged (acks are cumulative).
 MAX_PENDING = 4096
-#: Live registrations (run, rank, pid) kept; more are rejected (``too_many_registrations``).
-MAX_REGISTRATIONS = 4096
+#: Live registrations (run, rank, pid) kept; more are rejected (``too_many_registrations``). Far more
+#: ranks than one node runs; each may name up to ``validate.MAX_UUIDS`` GPUs (about 12 KiB at most).
+MAX_REGISTRATIONS = 1024
+#: Processes named by runs' start points kept for host sampling; a further one evicts the oldest
+#: (counted in ``processes_evicted``, the agent's ``training_processes_evicted``).
+MAX_STARTED = MAX_REGISTRATIONS
 
 
 @dataclass
@@ -118,8 +122,10 @@ class TrainingReceiver:
         self._stop = threading.Event()
         self._clients: dict[Any, _Client] = {}
         self._registrations: dict[tuple[str, str, int], protocol.Register] = {}
-        #: (run, rank, pid) named by runs' start points and not ended yet
-        self._started: set[tuple[str, str, int]] = set()
+        #: (run, rank, pid) named by runs' start points and not ended yet, the oldest first
+        self._started: dict[tuple[str, str, int], None] = {}
+        #: start points' processes forgotten to make room for a newer one (:data:`MAX_STARTED`)
+        self.processes_evicted = 0
         self._gpu_runs: dict[str, str] = {}
         #: GPU uuid -> the job holding it, as the agent's last sample saw it (:meth:`note_gpu_jobs`)
         self._gpu_jobs: dict[str, str] = {}
@@ -425,7 +431,7 @@ class TrainingReceiver:
         return True
 
     def _check_liveness(self) -> None:
-        self._started = {k for k in self._started if pid_alive(k[2])}
+        self._started = {k: None for k in self._started if pid_alive(k[2])}
         dead = [k for k, r in self._registrations.items() if not pid_alive(r.pid)]
         if dead:
             for k in dead:
@@ -474,7 +480,7 @@ class TrainingReceiver:
         """(run, rank, pid) of the live training processes, whose host side the agent samples: the
         registered ones (GPU runs) and those whose run's start point named them (``pid``), GPU or not."""
         regs = {(r.run, r.rank, r.pid) for r in list(self._registrations.values())}
-        return sorted(regs | set(list(self._started)))
+        return sorted(regs | set(list(self._started)))  # a copy first: the reader thread may change it
 
     def _note_start(self, raw: Any, msg: CheckedPoint) -> bool:
         """Remember the process a ``train_run`` start point names until its end point (or its end).
@@ -485,9 +491,20 @@ class TrainingReceiver:
             return False
         key = (msg.run, str(raw["tags"].get("rank", "0")), pid)  # tags that passed the validator
         if msg.fields.get("event") == "end":
-            self._started.discard(key)
-        elif msg.fields.get("event") == "start" and len(self._started) < MAX_REGISTRATIONS:
-            self._started.add(key)
+            self._started.pop(key, None)
+        elif msg.fields.get("event") == "start" and key not in self._started:
+            if len(self._started) >= MAX_STARTED:
+                oldest = next(iter(self._started))
+                del self._started[oldest]
+                self.processes_evicted += 1
+                self._warn_once(
+                    "processes_evicted",
+                    "training channel: more than %d processes named by runs' start points: run %s rank %s pid %d "
+                    "(the oldest) is no longer sampled; further ones are only counted (training_processes_evicted)",
+                    MAX_STARTED,
+                    *oldest,
+                )
+            self._started[key] = None
             return self._attribute_rank(*key)
         return False
 
@@ -546,6 +563,12 @@ class TrainingReceiver:
                 MAX_OPEN_FIELDS_PER_RUN,
             )
 
+    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
+        """Log a bound reached the first time only (the channel is a leaf: no ``util.countlog`` here)."""
+        if what not in self._logged:
+            self._logged.add(what)
+            log.warning(msg, *args)
+
     def _count_once(self, what: str, detail: str) -> None:
         if what not in self._logged:
             self._logged.add(what)
@@ -557,6 +580,7 @@ class TrainingReceiver:
             "records_accepted": self.records_accepted,
             "records_rejected": sum(self.rejected.values()),
             "runs_registered": len({r.run for r in self._registrations.values()}),
+            "processes_evicted": self.processes_evicted,
             "rejected_by_cause": dict(self.rejected),
             "values_dropped_by_cause": dict(self._validator.dropped),
             "values_dropped_nonfinite": self._validator.dropped["nonfinite"] + self._encoder.nonfinite_dropped,

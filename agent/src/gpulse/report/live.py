@@ -1,7 +1,8 @@
 """Rolling findings: the diagnosis rules of ``finish()`` judged while the run is going.
 
 One run's recent ``train_step`` rows (every rank the caller sees) are kept in a sliding window: the
-last :attr:`LiveWindow.steps` steps or the last :attr:`LiveWindow.seconds`, whichever holds more.
+last :attr:`LiveWindow.steps` steps or the last :attr:`LiveWindow.seconds`, whichever holds more
+(at most :data:`MAX_WINDOW_ROWS` rows).
 Every :attr:`LiveWindow.every_s` the window becomes a report (:func:`gpulse.report.model.build_report`,
 so the rules are the very ones ``metrics_report.json`` and ``gpulse report`` apply) and each rule's
 outcome goes through hysteresis:
@@ -30,6 +31,14 @@ from typing import Any
 
 from gpulse.report.model import Row, build_report, num
 from gpulse.report.records import Finding
+
+#: Step rows one run's window keeps at most (every rank of the node together), the oldest dropped
+#: first: the window is the last N steps or S seconds only while that fits, so that a fast run with
+#: many ranks, or one that sends wide rows, cannot grow the agent without bound.
+MAX_WINDOW_ROWS = 4096
+#: ``host``, ``host_process`` and ``gpu`` rows kept beside one run's steps, each, at most (the oldest
+#: dropped first): a slow run's window spans many sampling cycles of every process and GPU.
+MAX_BESIDE_ROWS = 4096
 
 
 class FindingState(enum.Enum):
@@ -119,23 +128,26 @@ class RollingFindings:
         self.run = run
         self.window = window
         self.thresholds = dict(thresholds or {})
-        self._rows: deque[Row] = deque()
+        self._rows: deque[Row] = deque(maxlen=MAX_WINDOW_ROWS)
         #: the agent's ``host``, ``host_process`` and the run's ``gpu`` rows over the same span (the
         #: data-loading case, the GPU rules)
-        self._host: dict[str, deque[Row]] = {"host": deque(), "host_process": deque(), "gpu": deque()}
+        self._host: dict[str, deque[Row]] = {m: deque(maxlen=MAX_BESIDE_ROWS) for m in ("host", "host_process", "gpu")}
         self._tracks: dict[str, _Track] = {}
         self._last_eval_ns = 0
         self.last_step = 0
 
     def add(self, row: Row) -> None:
-        """A ``train_step`` row (``time`` in ns, tags and fields); rows older than the window are dropped."""
+        """A ``train_step`` row (``time`` in ns, tags and fields); rows older than the window are dropped,
+        and the oldest beyond :data:`MAX_WINDOW_ROWS`."""
         self._rows.append(row)
         step = num(row, "step")
         if step is not None:
             self.last_step = max(self.last_step, int(step))
 
     def add_beside(self, measurement: str, row: Row) -> None:
-        """A ``host``, ``host_process`` or ``gpu`` row of the run's node, kept as long as the steps beside it."""
+        """A ``host``, ``host_process`` or ``gpu`` row of the run's node, kept as long as the steps beside it
+        (at most :data:`MAX_BESIDE_ROWS` of each measurement). Rows are only read, so one row may be
+        shared by the windows of several runs."""
         self._host[measurement].append(row)
 
     def _trim(self, now_ns: int) -> None:
@@ -148,6 +160,10 @@ class RollingFindings:
         for kept in self._host.values():
             while kept and int(kept[0].get("time") or 0) < since:
                 kept.popleft()
+
+    def held(self) -> dict[str, int]:
+        """Rows the window holds now, by measurement (what it costs the agent)."""
+        return {"train_step": len(self._rows), **{m: len(rows) for m, rows in self._host.items()}}
 
     @property
     def open(self) -> list[LiveFinding]:

@@ -19,6 +19,11 @@ training process sees, so the agent must share its PID namespace (run it on the 
 ``--pid=host`` beside containers, as the GPU process list needs too): in another namespace the PID
 names no process, or another one.
 
+At most :data:`MAX_PROCESSES` processes (training processes and workers together) are followed at
+once: those followed already keep their place (their rates need the previous cycle's counters), a
+further one is not sampled until the cycle after one is no longer followed, and each such miss is counted (``processes_skipped``, the
+agent's ``host_processes_skipped``) and logged once.
+
 Memory: RSS is read every cycle (one read of ``/proc/PID/statm``); PSS, which splits the pages
 forked workers share copy-on-write among them (their RSS counts them once each, pytorch#13246),
 walks the page tables (``/proc/PID/smaps_rollup``), so it is read every :data:`PSS_EVERY_S` and
@@ -27,6 +32,7 @@ only where the kernel has ``smaps_rollup`` and lets the agent read it (same user
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +41,12 @@ from typing import Any
 
 import psutil
 
+from gpulse.util.countlog import CountedLog
+
+log = logging.getLogger("gpulse.sources.host")
+
+#: Processes followed at once (training processes and their workers); a further one is skipped, counted.
+MAX_PROCESSES = 1024
 #: Seconds between two PSS reads of one process (the smaps walk costs more than the rest of a sample).
 PSS_EVERY_S = 10.0
 #: Command-line marks of multiprocessing's helper processes, which are children but not data workers.
@@ -204,6 +216,9 @@ class HostSampler:
         self._node: _NodeCounters | None = None
         self._whole_disk: dict[str, bool] = {}
         self.cpus = psutil.cpu_count() or 1
+        #: samples not taken because :data:`MAX_PROCESSES` processes were followed already (one per process per cycle)
+        self.processes_skipped = 0
+        self._once = CountedLog(log, period_s=None)
 
     # -- the node ---------------------------------------------------------------------------------
     def node(self) -> NodeReading:
@@ -284,6 +299,19 @@ class HostSampler:
         t = self._tracked.get((run, rank, pid))
         if t is not None:
             return t
+        if len(self._tracked) >= MAX_PROCESSES:
+            self.processes_skipped += 1
+            self._once.log(
+                "processes-skipped",
+                logging.WARNING,
+                "host sampling: more than %d training processes and workers at once: run %s rank %s pid %d is not "
+                "sampled; further ones are only counted (host_processes_skipped)",
+                MAX_PROCESSES,
+                run,
+                rank,
+                pid,
+            )
+            return None
         try:
             proc = psutil.Process(pid)
             proc.cpu_percent()  # primes the counter: the next call is the CPU share since now
@@ -297,7 +325,8 @@ class HostSampler:
     def _workers(self, main: _Tracked) -> list[_Tracked]:
         out = []
         alive = set()
-        for pid in child_pids(main.proc):
+        children = child_pids(main.proc)
+        for pid in children:
             number = main.workers.get(pid)
             if number is None:
                 if pid in main.helpers or _is_helper(pid):
@@ -310,6 +339,7 @@ class HostSampler:
             if w is not None:
                 out.append(w)
         main.workers = {pid: n for pid, n in main.workers.items() if pid in alive}
+        main.helpers.intersection_update(children)  # a helper that ended is forgotten too
         return out
 
     def _read(self, t: _Tracked) -> ProcessReading:

@@ -476,6 +476,9 @@ def agent_lines(
             "records_received": int(train_line_count * min(1.0, k / n)),
             "records_rejected": 0,
             "runs_registered": 1 if tl.in_run(t) else 0,
+            "live_runs_evicted": 0,
+            "host_processes_skipped": 0,
+            "training_processes_evicted": 0,
             "uptime_s": k * 10.0,
         }
         for kind in NVML_ERROR_KINDS:
