@@ -1,5 +1,5 @@
-"""The host beside the GPUs: the node's CPU, memory, disks and network, and each training process
-with its DataLoader workers, sampled with psutil every agent cycle.
+"""The host beside the GPUs: the node's CPU, memory, disks and network (from ``/proc``, :mod:`.procfs`),
+and each training process with its DataLoader workers (psutil), sampled every agent cycle.
 
 A starved DataLoader is a CPU or storage problem that GPU metrics cannot show; these readings are
 what the report's data-loading finding reads to say which (``gpulse.report.host``).
@@ -34,6 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
+
+from gpulse.sources.procfs import NodeCounters, counter_delta, read_node
 
 #: Seconds between two PSS reads of one process (the smaps walk costs more than the rest of a sample).
 PSS_EVERY_S = 10.0
@@ -110,17 +112,6 @@ class ProcessReading:
         out["running"] = int(self.state == RUNNING)
         out["disk_sleep"] = int(self.state == DISK_SLEEP)
         return out
-
-
-@dataclass(frozen=True)
-class _NodeCounters:
-    """The node's cumulative counters at one instant (psutil's named tuples), for the next sample's rates."""
-
-    at: float
-    cpu: Any
-    swap: Any
-    disks: dict[str, Any]
-    net: dict[str, Any]
 
 
 @dataclass
@@ -201,52 +192,46 @@ class HostSampler:
         self.clock = clock
         #: by (run, rank, pid): two runs (or ranks) in one process each keep their own counters
         self._tracked: dict[tuple[str, str, int], _Tracked] = {}
-        self._node: _NodeCounters | None = None
+        self._node: NodeCounters | None = None
         self._whole_disk: dict[str, bool] = {}
         self.cpus = psutil.cpu_count() or 1
 
     # -- the node ---------------------------------------------------------------------------------
     def node(self) -> NodeReading:
-        now = self.clock()
-        cpu = psutil.cpu_times()
-        mem = psutil.virtual_memory()
-        swap = psutil.swap_memory()
-        disks = {k: v for k, v in psutil.disk_io_counters(perdisk=True, nowrap=True).items() if self._is_disk(k)}
-        net = {k: v for k, v in psutil.net_io_counters(pernic=True, nowrap=True).items() if k != "lo"}
+        now = read_node(self.clock())
         base = {
             "cpus": self.cpus,
-            "mem_total_bytes": mem.total,
-            "mem_available_bytes": mem.available,
-            "swap_used_bytes": swap.used,
+            "mem_total_bytes": now.mem_total_bytes,
+            "mem_available_bytes": now.mem_available_bytes,
+            "swap_used_bytes": now.swap_used_bytes,
         }
-        prev, self._node = self._node, _NodeCounters(now, cpu, swap, disks, net)
+        prev, self._node = self._node, now
         if prev is None:
             return NodeReading(**base)
-        t0, dt = prev.at, now - prev.at
+        dt = now.at - prev.at
         # guest time is counted in user time already (proc(5)): left out of the total
-        total = _cpu_total(cpu) - _cpu_total(prev.cpu)
-        idle = _share(cpu, prev.cpu, "idle", total)
-        iowait = _share(cpu, prev.cpu, "iowait", total)
-        steal = _share(cpu, prev.cpu, "steal", total)
+        total = now.cpu.total - prev.cpu.total
+        idle = _share(now.cpu.idle - prev.cpu.idle, total)
+        iowait = _share(now.cpu.iowait - prev.cpu.iowait, total)
+        steal = _share(now.cpu.steal - prev.cpu.steal, total)
         busy = None if idle is None else max(0.0, 100.0 - idle - (iowait or 0.0) - (steal or 0.0))
-        disks0 = [prev.disks[k] for k in disks if k in prev.disks]
-        disks1 = [disks[k] for k in disks if k in prev.disks]
-        nets0, nets1 = [prev.net[k] for k in net if k in prev.net], [net[k] for k in net if k in prev.net]
+        disks = [(prev.disks[k], d) for k, d in now.disks.items() if k in prev.disks and self._is_disk(k)]
+        nics = [(prev.nics[k], n) for k, n in now.nics.items() if k in prev.nics and k != "lo"]
         # busy_time is in ms: Δms / (10 × Δs) is the share of the interval in %
-        busy_disk = [(b.busy_time - a.busy_time) / (10 * dt) for a, b in zip(disks0, disks1, strict=True) if dt > 0]
+        busy_disk = [counter_delta(a.busy_ms, b.busy_ms) / (10 * dt) for a, b in disks] if dt > 0 else []
         return NodeReading(
             **base,
             cpu_busy_pct=busy,
             cpu_idle_pct=idle,
             cpu_iowait_pct=iowait,
             cpu_steal_pct=steal,
-            swap_in_bytes_per_s=_per_s(now, t0, prev.swap.sin, swap.sin),
-            swap_out_bytes_per_s=_per_s(now, t0, prev.swap.sout, swap.sout),
-            disk_read_bytes_per_s=_sum_rate(now, t0, disks0, disks1, "read_bytes"),
-            disk_write_bytes_per_s=_sum_rate(now, t0, disks0, disks1, "write_bytes"),
+            swap_in_bytes_per_s=_per_s(now.at, prev.at, prev.swap_in_bytes, now.swap_in_bytes),
+            swap_out_bytes_per_s=_per_s(now.at, prev.at, prev.swap_out_bytes, now.swap_out_bytes),
+            disk_read_bytes_per_s=_rate(dt, sum(counter_delta(a.read_bytes, b.read_bytes) for a, b in disks)),
+            disk_write_bytes_per_s=_rate(dt, sum(counter_delta(a.write_bytes, b.write_bytes) for a, b in disks)),
             disk_busy_pct=min(100.0, max(busy_disk)) if busy_disk else None,
-            net_recv_bytes_per_s=_sum_rate(now, t0, nets0, nets1, "bytes_recv"),
-            net_sent_bytes_per_s=_sum_rate(now, t0, nets0, nets1, "bytes_sent"),
+            net_recv_bytes_per_s=_rate(dt, sum(counter_delta(a.bytes_recv, b.bytes_recv) for a, b in nics)),
+            net_sent_bytes_per_s=_rate(dt, sum(counter_delta(a.bytes_sent, b.bytes_sent) for a, b in nics)),
         )
 
     def _is_disk(self, name: str) -> bool:
@@ -406,16 +391,13 @@ def _is_helper(pid: int) -> bool:
     return any(mark in cmd for mark in HELPER_MARKS)
 
 
-def _share(now: Any, before: Any, mode: str, total: float) -> float | None:
-    """The share of all CPU time spent in ``mode`` between two ``cpu_times()``, in %; ``None`` without time."""
+def _share(ticks: int, total: int) -> float | None:
+    """``ticks`` of one CPU mode as a share of all CPU time in the same interval, in %; ``None`` without time."""
     if total <= 0:
         return None
-    return 100.0 * (getattr(now, mode, 0.0) - getattr(before, mode, 0.0)) / total
+    return 100.0 * ticks / total
 
 
-def _cpu_total(t: Any) -> float:
-    return float(sum(t)) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-
-
-def _sum_rate(now: float, then: float, before: list[Any], after: list[Any], attr: str) -> float | None:
-    return _per_s(now, then, sum(getattr(x, attr) for x in before), sum(getattr(x, attr) for x in after))
+def _rate(dt: float, delta: int) -> float | None:
+    """Bytes per second over ``dt`` (of the devices seen in both samples: 0 when there are none)."""
+    return delta / dt if dt > 0 else None
