@@ -47,6 +47,8 @@ class CpuTicks:
 
 @dataclass(frozen=True)
 class Disk:
+    """One block device's cumulative counters (``/proc/diskstats``)."""
+
     read_bytes: int
     write_bytes: int
     busy_ms: int
@@ -54,6 +56,8 @@ class Disk:
 
 @dataclass(frozen=True)
 class Nic:
+    """One network interface's cumulative byte counters (``/proc/net/dev``)."""
+
     bytes_recv: int
     bytes_sent: int
 
