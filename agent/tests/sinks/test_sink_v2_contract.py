@@ -10,6 +10,7 @@ sends for the same lines. Each test asserts exactly how many lines end written, 
 from __future__ import annotations
 
 import email.utils
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -222,13 +223,18 @@ def test_retry_after_as_an_http_date_is_honoured(fake, tmp_path):
 
 def test_server_errors_are_retried_with_backoff_until_written(fake, tmp_path):
     d = delivery(fake, tmp_path)
+    (sender,) = [w.sender for w in d.workers]
+    told, delays = sender.on_retry, []
+    sender.on_retry = lambda error, delay: (delays.append(delay), told and told(error, delay))
     fake.push(500, times=3)
     d.submit([lp(i) for i in range(10)])
     assert d.flush(10)
     d.close(5)
     assert fake.statuses() == [500, 500, 500, 204]
-    gaps = [b.at - a.at for a, b in zip(fake.requests, fake.requests[1:], strict=False)]
-    assert all(g >= 0.009 for g in gaps)  # backoff >= initial/2
+    # full jitter: retry n waits uniformly in [0, min(max_delay, initial * 2^(n-1))], and the wait is kept
+    assert [0 <= w <= min(FAST.max_delay, FAST.initial * 2**n) for n, w in enumerate(delays)] == [True] * 3, delays
+    gaps = [b.at - a.at for a, b in itertools.pairwise(fake.requests)]
+    assert all(g >= w - 0.001 for g, w in zip(gaps, delays, strict=True)), (gaps, delays)
     s = d.stats()
     assert (s["lines_written"], s["lines_spooled"], s["lines_replayed"]) == (10, 10, 10)
 

@@ -118,16 +118,34 @@ class BatchSender:
             raise
 
     def _attempts(self, piece: list[str], result: SendResult) -> None:
+        """The first attempt is made straight away: most writes succeed, and tenacity's controller costs
+        more than the write's own Python. A retryable failure hands over to tenacity, whose first attempt
+        answers with that failure at once, so the waits, ``before_sleep`` and the stop are tenacity's."""
+        if self.stop.is_set():
+            raise DeliveryStopped()
+        try:
+            self._write(piece, result)
+            return
+        except WriteError as e:
+            if not e.retryable:
+                raise
+            first: WriteError | None = e
         for attempt in self.policy.retrying(self.stop, before_sleep=self._before_sleep, sleep=self._sleep):
             with attempt:
+                if first is not None:
+                    failed, first = first, None
+                    raise failed
                 if self.stop.is_set():
                     raise DeliveryStopped()
-                result.requests += 1
-                t0 = time.monotonic()
-                self.sink.write(piece)
-                self.last_latency_ms = (time.monotonic() - t0) * 1000.0
-                self.last_write_mono = time.monotonic()
-                self.last_write_unix = time.time()
+                self._write(piece, result)
+
+    def _write(self, piece: list[str], result: SendResult) -> None:
+        result.requests += 1
+        t0 = time.monotonic()
+        self.sink.write(piece)
+        self.last_latency_ms = (time.monotonic() - t0) * 1000.0
+        self.last_write_mono = time.monotonic()
+        self.last_write_unix = time.time()
 
     def _before_sleep(self, error: WriteError, delay: float) -> None:
         if self.on_retry is not None:

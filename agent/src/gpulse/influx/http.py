@@ -45,6 +45,7 @@ import heapq
 import http.client
 import itertools
 import json as _json
+import math
 import os
 import select
 import socket
@@ -459,6 +460,8 @@ class Watchdog:
         self._armed: set[int] = set()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        #: the deadline the thread is waiting for (inf: for a notify), None while it is not waiting
+        self._until: float | None = None
 
     def arm(self, when: float, callback: Callable[[], object]) -> int:
         """Run ``callback`` at ``time.monotonic() == when``; returns a handle for :meth:`cancel`."""
@@ -469,7 +472,8 @@ class Watchdog:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="gpulse-http-watchdog", daemon=True)
                 self._thread.start()
-            self._cv.notify()
+            if self._until is not None and when < self._until:  # else it wakes in time, or looks before waiting
+                self._cv.notify()
             return n
 
     def cancel(self, handle: int) -> None:
@@ -483,14 +487,18 @@ class Watchdog:
                     while self._heap and self._heap[0][1] not in self._armed:
                         heapq.heappop(self._heap)
                     if not self._heap:
+                        self._until = math.inf
                         self._cv.wait()
+                        self._until = None
                         continue
                     wait = self._heap[0][0] - time.monotonic()
                     if wait <= 0:
                         _, n, callback = heapq.heappop(self._heap)
                         self._armed.discard(n)
                         break
+                    self._until = self._heap[0][0]
                     self._cv.wait(wait)
+                    self._until = None
             try:
                 callback()
             except Exception:  # a callback must not kill the watchdog of every other request

@@ -11,6 +11,7 @@ a request in flight (an agent's SIGTERM must not wait for a stalled server).
 from __future__ import annotations
 
 import logging
+import urllib.parse
 from collections.abc import Mapping, Sequence
 
 from gpulse.influx.connection import Connection
@@ -53,15 +54,15 @@ class InfluxSink(Sink):
         self.conn = conn
         self.url = conn.url or ""
         self.params = dict(params)
+        # the write's path and query, encoded once (as HttpClient.request encodes ``params``)
+        self._write_target = f"{self.path}?{urllib.parse.urlencode(self.params, doseq=True)}" if params else self.path
         self.http = conn.http_client()
         self.explainer = Explainer(conn)
         self._log = CountedLog(log)
 
     def write(self, lines: Sequence[str]) -> None:
         try:
-            r = self.http.request(
-                "POST", self.path, params=self.params, body=encode_body(lines), headers=_TEXT, gzip=True
-            )
+            r = self.http.request("POST", self._write_target, body=encode_body(lines), headers=_TEXT, gzip=True)
         except TransportError as e:
             raise WriteError(
                 _NOT_TRANSIENT.get(e.failure, ErrorKind.TRANSIENT), e.describe(), failure=e.failure
