@@ -455,6 +455,12 @@ TRAIN_FINDING = Measurement(
         _i("first_step", "int", "", "the step at which the rule first held"),
         _i("last_step", "int", "", "the last step at which the rule held"),
         _i("window_steps", "int", "count", "steps (of all ranks on the node) in the window judged"),
+        _i(
+            "case",
+            "str",
+            "",
+            "which case of the rule: data_loading's io_bound, cpu_bound_workers, too_few_workers, ...",
+        ),
     ),
     open_fields=r"figure_[a-z0-9_]{1,48}",
     downsampled=False,
