@@ -68,14 +68,14 @@ class Watch:
 
 
 def run_beside_agent(
-    tmp: Path, env: dict[str, str], *loop: str, prefix: list[str] | None = None
+    tmp: Path, env: dict[str, str], *loop: str, prefix: list[str] | None = None, agent_flags: tuple[str, ...] = ()
 ) -> tuple[list[dict], list[dict], Watch, str]:
     """Run ``live_loop.py`` beside a real agent (``prefix``: a command that runs it in a cgroup):
     (train_finding rows, truths, the status watch, agent log)."""
     sock, record = tmp / "sock" / "agent.sock", tmp / "agent.lp"
     flags = ["--simulate", "1", "--interval", str(INTERVAL_S), "--record", str(record), "--socket", str(sock)]
     live = ["--live-window-steps", str(WINDOW_STEPS), "--live-window-s", str(WINDOW_S), "--live-every-s", str(EVERY_S)]
-    agent = AgentProc([*flags, *live, "--spool-dir", str(tmp / "spool")], env, tmp)
+    agent = AgentProc([*flags, *live, *agent_flags, "--spool-dir", str(tmp / "spool")], env, tmp)
     out = tmp / "out"
     try:
         wait_until(sock.exists, what="the agent's socket")
@@ -168,6 +168,19 @@ def test_a_healthy_run_raises_nothing(tmp_path: Path, clean_env: dict[str, str])
     findings, (truth,), watch, _ = run_beside_agent(tmp_path, clean_env, "healthy", "200")
     assert findings == [] and watch.seen == []
     assert truth["run"]
+
+
+def test_an_agent_with_no_live_findings_raises_nothing_for_a_run_turning_data_bound(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    findings, (truth,), watch, log = run_beside_agent(
+        tmp_path, clean_env, "shift", "300", "60", "200", agent_flags=("--no-live-findings",)
+    )
+    assert findings == [] and watch.seen == [] and "finding:" not in log
+    report = json.loads((tmp_path / "out" / "metrics_report.json").read_text())
+    assert report["live_findings"] == []
+    assert "data_loading" in [f["id"] for f in report["diagnosis"]]  # the run was data-bound: the rule would hold
+    assert truth["profile_requests"] == []
 
 
 def test_a_straggling_rank_raises_rank_imbalance_live_in_a_gloo_run(tmp_path: Path, clean_env: dict[str, str]) -> None:
