@@ -434,6 +434,13 @@ TRAIN_EVENT = Measurement(
         _i("kind", "str", "", "event kind: eval, checkpoint, oom, profile (a profiler window), ..."),
         _i("text", "str", "", "free text"),
         _i("step", "int", "", "step at which the event happened"),
+        _i(
+            "profile",
+            "str",
+            "",
+            "kind=profile: the window as JSON (rule, steps, trace path, summary, py-spy dump path or why none; "
+            "`gpulse.report.records.ProfileRecord`), read back into the report's `profiles`",
+        ),
     ),
     optional_tags=("job",),
     max_extra_tags=8,
