@@ -17,9 +17,19 @@ from support.fixtures import gpulse_cmd
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulse.channel.protocol import RECORD_FILE
+from gpulse.report.records import ProfileRecord
+from gpulse.schema import MAX_STRING_LEN
 from gpulse.training import Run
 from gpulse.training.errors import Guard
-from gpulse.training.profiling import PROFILE_ENV, PROFILES_DIR, PTRACE_ADVICE, ProfileWindow, child_pids, pyspy_dump
+from gpulse.training.profiling import (
+    PROFILE_ENV,
+    PROFILES_DIR,
+    PTRACE_ADVICE,
+    Profile,
+    ProfileWindow,
+    child_pids,
+    pyspy_dump,
+)
 from gpulse.training.step import StepRecorder
 from gpulse.training.trace_summary import load_trace, summarise
 
@@ -115,6 +125,26 @@ def test_gpulse_report_shows_each_window_in_its_text_and_html(tmp_path: Path, cl
     # the report's JSON lists it as the run's own metrics_report.json does (the dump stays in its file)
     [again] = json.loads((out / "metrics_report.json").read_text())["profiles"]
     assert again == {**profile, "pyspy": profile["pyspy"] if profile["pyspy_path"] is None else None}
+
+
+def test_a_window_with_long_names_still_fits_its_point_and_reads_back() -> None:
+    """A point's string field is bounded: long operator names (CUDA kernels' are) and a long reason
+    are cut, operators dropped from the end, and what is left is still a window the report reads."""
+    summary = summarise(
+        {"traceEvents": [
+            {"ph": "X", "cat": "kernel", "name": f"k{i}" + "x" * 3000, "pid": 1, "tid": 1, "ts": i * 100, "dur": 90 - i}
+            for i in range(5)
+        ]}
+    )  # fmt: skip
+    profile = Profile("data_loading", "e" * 5000, 3, "/traces/t.pt.trace.json.gz", [7, 8, 9])
+    profile.summary, profile.pyspy = summary, "why none " * 500
+    text = profile.point_json()
+    assert len(text) <= MAX_STRING_LEN
+    record = ProfileRecord.from_json(json.loads(text))
+    assert record is not None and record.summary is not None
+    assert (record.rule, record.rank, record.steps, record.path) == ("data_loading", 3, [7, 8, 9], profile.path)
+    assert 1 <= len(record.summary.top_ops) <= 5 and record.summary.top_ops[0].name.startswith("k0xxx")
+    assert record.pyspy is not None and record.pyspy.startswith("why none")
 
 
 def test_holistic_trace_analysis_reads_the_trace_and_finds_its_iterations(tmp_path: Path) -> None:
