@@ -52,6 +52,14 @@ def main(out: Path, socket: str, steps: int, slow_from: int, slow_until: int) ->
     torch.set_num_threads(1)
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train(x: torch.Tensor) -> None:
+        """A step's work: a tiny model's update, and a sleep that stands in for the GPU's time."""
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        time.sleep(STEP_S)
+
     run = Run(name="live-finding-demo", output_dir=out, socket_path=socket, quiet=True)
     items = Items(range(slow_from * BATCH, slow_until * BATCH))
     batches = iter(run.wrap_loader(torch.utils.data.DataLoader(items, batch_size=BATCH, num_workers=WORKERS)))
@@ -64,11 +72,7 @@ def main(out: Path, socket: str, steps: int, slow_from: int, slow_until: int) ->
             print(f"{utc()}  CHANGE at step {step}: items are free again -> the run is fast again", flush=True)
         x = next(batches)
         with run.step(samples=len(x)):
-            loss = model(x).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            time.sleep(STEP_S)
+            train(x)
     del batches
     run.finish()
     print(f"{utc()}  training run ended after {steps} steps; report {out / 'metrics_report.json'}", flush=True)

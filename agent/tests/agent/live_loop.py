@@ -9,8 +9,8 @@ beside a real agent, reporting through the real training library and recording i
 ``shift`` and ``io``: a DataLoader with :data:`WORKERS` workers whose ``Dataset.__getitem__`` is slow
 for the items of the steps in [SLOW_FROM, SLOW_UNTIL) and costs nothing otherwise: ``shift`` burns
 :data:`ITEM_CPU_S` of CPU per item (a busy loop on the thread's CPU clock), ``io`` makes one
-``O_DIRECT`` read from DEVICE (a throttled test disk) per item. Each step's own work is :data:`STEP_S`
-of sleep (the "GPU"). ``straggler``: rank 1 sleeps :data:`STRAGGLE_S` more in its forward from step
+``O_DIRECT`` read from DEVICE (a throttled test disk) per item. Each step's own work is
+:data:`LOADER_STEP_S` of sleep (the "GPU"). ``straggler``: rank 1 sleeps :data:`STRAGGLE_S` more in its forward from step
 SLOW_FROM on, before DDP's all-reduce. The truth (``OUT/truth.json``, one per rank for ``straggler``):
 the run id, and the wall-clock time (ns) at which the change began and ended: for the loader, when a
 worker began the first slow item and the first fast one after them (the workers fetch ahead of the
@@ -26,14 +26,18 @@ import time
 from pathlib import Path
 
 import torch
-from support.cgroup_limits import READ_SIZE, read_block
+from support.slow_items import slow_item
 
 from gpulse.training import Run
 
 STEP_S = 0.02
-ITEM_CPU_S = 0.015
+#: the loader loops' step: long enough that, fast, two workers keep ahead of it on a crowded machine
+LOADER_STEP_S = 0.05
+ITEM_CPU_S = 0.04
 BATCH = 4
 WORKERS = 2
+#: batches each worker may have ready ahead of the loop (torch's default is 2)
+PREFETCH = 4
 STRAGGLE_S = 0.06
 
 
@@ -52,12 +56,7 @@ class Items(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         if i in self.slow:
             self._stamp("slow_ns")
-            if self.device is not None:
-                read_block(self.device, (i * READ_SIZE) % self.size)
-            else:
-                t0 = time.thread_time()
-                while time.thread_time() - t0 < ITEM_CPU_S:
-                    pass
+            slow_item(i, ITEM_CPU_S, self.device, self.size)
         elif i >= self.slow.stop and self.slow:
             self._stamp("fast_ns")
         return torch.full((16,), float(i))
@@ -84,7 +83,7 @@ def loader_loop(out: Path, socket: str, steps: int, slow_from: int, slow_until: 
     device, size = (disk[0], int(disk[1])) if disk else (None, 0)
     items = Items(out, range(slow_from * BATCH, slow_until * BATCH), device, size)
     run = Run(name="live-loader", output_dir=out, socket_path=socket)
-    loader = torch.utils.data.DataLoader(items, batch_size=BATCH, num_workers=WORKERS)
+    loader = torch.utils.data.DataLoader(items, batch_size=BATCH, num_workers=WORKERS, prefetch_factor=PREFETCH)
     batches = iter(run.wrap_loader(loader))
     truth: dict = {"run": run.run_id, "profile_requests": []}
     # the profiler window's call site (``training.profiling`` plugs in here): which raises asked for it
@@ -100,7 +99,7 @@ def loader_loop(out: Path, socket: str, steps: int, slow_from: int, slow_until: 
             opt.zero_grad()
             loss.backward()
             opt.step()
-            time.sleep(STEP_S)
+            time.sleep(LOADER_STEP_S)
     truth["end_ns"] = time.time_ns()
     del batches  # the workers end
     if "loop_back_ns" in truth:  # the pace the loop measured on each side of the change

@@ -134,7 +134,7 @@ def raised_then_cleared(tmp: Path, findings: list[dict], truth: dict, watch: Wat
 def test_a_run_turning_data_bound_raises_data_loading_live_as_cpu_bound_workers_and_clears_after(
     tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
-    findings, (truth,), watch, log = run_beside_agent(tmp_path, clean_env, "shift", "500", "80", "200")
+    findings, (truth,), watch, log = run_beside_agent(tmp_path, clean_env, "shift", "400", "80", "200")
     raised = raised_then_cleared(tmp_path, findings, truth, watch, log)
     assert 80 <= raised["first_step"] < raised["last_step"] <= 200 + 2 * WINDOW_STEPS
     # the case, from the host beside the steps: the workers were on (or waiting for) a CPU
@@ -148,15 +148,15 @@ def test_a_run_turning_data_bound_on_a_slow_disk_raises_data_loading_live_as_io_
 ) -> None:
     """The same run, its slow items each one O_DIRECT read of a loop device the kernel throttles
     (blkio / io.max) for the loop's cgroup: the workers wait in state D, the disk is the limit."""
-    rate = 2 << 20  # 64 reads/s: 16 steps/s at most, while the loop alone runs at about 40
+    rate = 1 << 20  # 32 reads/s: 8 steps/s at most, while the loop alone runs at about 20
     disk = SlowDisk(tmp_path, read_bytes_per_s=rate)
     try:
-        loop = ("io", "450", "80", "240", disk.device, str(disk.size))
+        loop = ("io", "400", "80", "200", disk.device, str(disk.size))
         findings, (truth,), watch, log = run_beside_agent(tmp_path, clean_env, *loop, prefix=disk.prefix())
     finally:
         disk.close()
     raised = raised_then_cleared(tmp_path, findings, truth, watch, log)
-    assert 80 <= raised["first_step"] < raised["last_step"] <= 240 + 2 * WINDOW_STEPS
+    assert 80 <= raised["first_step"] < raised["last_step"] <= 200 + 2 * WINDOW_STEPS
     assert raised["case"] == "io_bound" and raised["evidence"].count("I/O-bound:") == 1
     assert raised["figure_workers"] == 2 and raised["figure_loader_disk_sleep_ratio"] >= 0.5
     # what the workers read, by the agent's samples, against the throttle the kernel held them to
@@ -174,7 +174,7 @@ def test_an_agent_with_no_live_findings_raises_nothing_for_a_run_turning_data_bo
     tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
     findings, (truth,), watch, log = run_beside_agent(
-        tmp_path, clean_env, "shift", "300", "60", "200", agent_flags=("--no-live-findings",)
+        tmp_path, clean_env, "shift", "300", "60", "180", agent_flags=("--no-live-findings",)
     )
     assert findings == [] and watch.seen == [] and "finding:" not in log
     report = json.loads((tmp_path / "out" / "metrics_report.json").read_text())
