@@ -20,11 +20,10 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, Table, scale
+from common import REPO, Table, alternate, scale
 
 LIVE = ["--live-window-steps", "30", "--live-window-s", "2.5", "--live-every-s", "0.25"]
 _TRAINER = r"""
@@ -100,30 +99,20 @@ def _trained(tmp: Path, live: bool, steps: int) -> dict:
 
 def run(table: Table) -> dict[str, float]:
     reps, steps = scale(3, 1), scale(1500, 900)
-    on: list[dict] = []
-    off: list[dict] = []
-    with tempfile.TemporaryDirectory() as d:
-        for i in range(reps):
-            for live in (True, False):
-                tmp = Path(d) / f"{i}-{live}"
-                tmp.mkdir()
-                (on if live else off).append(_trained(tmp, live, steps))
-    wall, wall0 = (statistics.median(r["wall_s"] for r in rs) for rs in (on, off))
-    cpu, cpu0 = (statistics.median(r["cpu_s"] for r in rs) for rs in (on, off))
-    table.add(
+    on, off = alternate(reps, lambda tmp, live: _trained(tmp, live, steps))
+    wall, wall0, cpu, cpu0 = (
+        statistics.median(r[key] for r in runs) for key in ("wall_s", "cpu_s") for runs in (on, off)
+    )
+    ratio = table.pair(
         "training thread's step, agent judging live findings (ms)",
-        f"{wall * 1e3:.3f}",
-        f"{wall0 * 1e3:.3f} --no-live-findings",
-        f"{wall / wall0:.2f}x",
+        wall * 1e3,
+        wall0 * 1e3,
+        "{:.3f}",
+        "--no-live-findings",
         "1.0: the rules run in the agent",
     )
-    table.add(
-        "training thread's CPU per step, same runs (ms)",
-        f"{cpu * 1e3:.3f}",
-        f"{cpu0 * 1e3:.3f} --no-live-findings",
-        f"{cpu / cpu0:.2f}x",
-    )
-    return {"step_ratio_live_findings_on_vs_off": round(wall / wall0, 3)}
+    table.pair("training thread's CPU per step, same runs (ms)", cpu * 1e3, cpu0 * 1e3, "{:.3f}", "--no-live-findings")
+    return {"step_ratio_live_findings_on_vs_off": round(ratio, 3)}
 
 
 if __name__ == "__main__":
