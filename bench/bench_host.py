@@ -16,11 +16,10 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, Table, scale
+from common import REPO, Table, alternate, scale
 
 WORKERS = 4
 _TRAINER = r"""
@@ -78,31 +77,21 @@ def _agent(tmp: Path, host: bool, seconds: float) -> dict[str, float]:
 
 def run(table: Table) -> dict[str, float]:
     reps, seconds = scale(3, 1), scale(6, 2)
-    with_host: list[dict[str, float]] = []
-    without: list[dict[str, float]] = []
-    with tempfile.TemporaryDirectory() as d:
-        for i in range(reps):
-            for host in (True, False):
-                tmp = Path(d) / f"{i}-{host}"
-                tmp.mkdir()
-                (with_host if host else without).append(_agent(tmp, host, seconds))
-    cyc = statistics.median(r["cycle_cpu_ms"] for r in with_host)
-    cyc0 = statistics.median(r["cycle_cpu_ms"] for r in without)
-    proc = statistics.median(r["cpu_ms_per_cycle"] for r in with_host)
-    proc0 = statistics.median(r["cpu_ms_per_cycle"] for r in without)
-    table.add(
+    with_host, without = alternate(reps, lambda tmp, host: _agent(tmp, host, seconds))
+    cyc, cyc0, proc, proc0 = (
+        statistics.median(r[key] for r in runs)
+        for key in ("cycle_cpu_ms", "cpu_ms_per_cycle")
+        for runs in (with_host, without)
+    )
+    ratio = table.pair(
         f"sampling thread CPU per cycle, 8 GPUs + host and {1 + WORKERS} processes",
-        f"{cyc:.2f} ms",
-        f"{cyc0:.2f} ms --no-host-metrics",
-        f"{cyc / cyc0:.2f}x",
+        cyc,
+        cyc0,
+        "{:.2f} ms",
+        "--no-host-metrics",
     )
-    table.add(
-        "agent process CPU per cycle, same runs",
-        f"{proc:.2f} ms",
-        f"{proc0:.2f} ms --no-host-metrics",
-        f"{proc / proc0:.2f}x",
-    )
-    return {"cycle_cpu_ratio_host_vs_without": round(cyc / cyc0, 3)}
+    table.pair("agent process CPU per cycle, same runs", proc, proc0, "{:.2f} ms", "--no-host-metrics")
+    return {"cycle_cpu_ratio_host_vs_without": round(ratio, 3)}
 
 
 if __name__ == "__main__":

@@ -9,9 +9,13 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "agent" / "tests"))  # test support: fake NVML, real influxd
@@ -29,6 +33,21 @@ def median_of(fn: Callable[[], float], repeats: int, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()
     return statistics.median(fn() for _ in range(repeats))
+
+
+def alternate(reps: int, measure: Callable[[Path, bool], T]) -> tuple[list[T], list[T]]:
+    """``measure(directory, on)`` with ``on`` true, then false, ``reps`` times, each in a fresh
+    directory: (the results with it on, with it off). The two settings alternate, so that drift on
+    the machine hits both alike."""
+    on: list[T] = []
+    off: list[T] = []
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(reps):
+            for flag in (True, False):
+                tmp = Path(d) / f"{i}-{flag}"
+                tmp.mkdir()
+                (on if flag else off).append(measure(tmp, flag))
+    return on, off
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -56,6 +75,12 @@ class Table:
     def add(self, name: str, value: str, baseline: str = "", ratio: str = "", goal: str = "") -> None:
         self.rows.append((name, value, baseline, ratio, goal))
         print(f"  {name}: {value}" + (f"  (baseline {baseline}, {ratio})" if baseline else ""), flush=True)
+
+    def pair(self, name: str, value: float, baseline: float, fmt: str, against: str, goal: str = "") -> float:
+        """A figure beside its baseline (``fmt`` formats both, ``against`` names the baseline); the ratio."""
+        ratio = value / baseline
+        self.add(name, fmt.format(value), f"{fmt.format(baseline)} {against}", f"{ratio:.2f}x", goal)
+        return ratio
 
     def render(self) -> str:
         head = ("figure", "gpulse", "baseline (same run)", "ratio", "goal")

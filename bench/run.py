@@ -14,6 +14,7 @@ import time
 
 import bench_e2e
 import bench_encoding
+import bench_findings
 import bench_host
 import bench_import
 import bench_ingest
@@ -33,6 +34,7 @@ SECTIONS = (
     ("7. import", bench_import),
     ("8. host sampling", bench_host),
     ("9. profiler window", bench_profile),
+    ("10. live findings", bench_findings),
 )
 KEYS = (
     "encoder_speedup",
@@ -57,6 +59,7 @@ KEYS = (
     "import_ratio_vs_torch",
     "cycle_cpu_ratio_host_vs_without",
     "profile_step_ratio_open_vs_closed",
+    "step_ratio_live_findings_on_vs_off",
 )
 
 

@@ -39,6 +39,7 @@ KEYS = {
     "import_ratio_vs_torch",
     "cycle_cpu_ratio_host_vs_without",
     "profile_step_ratio_open_vs_closed",
+    "step_ratio_live_findings_on_vs_off",
 }
 
 

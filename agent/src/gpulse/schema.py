@@ -445,6 +445,13 @@ TRAIN_EVENT = Measurement(
         _i("kind", "str", "", "event kind: eval, checkpoint, oom, profile (a profiler window), ..."),
         _i("text", "str", "", "free text"),
         _i("step", "int", "", "step at which the event happened"),
+        _i(
+            "profile",
+            "str",
+            "",
+            "kind=profile: the window as JSON (rule, steps, trace path, summary, py-spy dump path or why none; "
+            "`gpulse.report.records.ProfileRecord`), read back into the report's `profiles`",
+        ),
     ),
     optional_tags=TRAINING_JOB_TAGS,
     max_extra_tags=8,
@@ -466,6 +473,12 @@ TRAIN_FINDING = Measurement(
         _i("first_step", "int", "", "the step at which the rule first held"),
         _i("last_step", "int", "", "the last step at which the rule held"),
         _i("window_steps", "int", "count", "steps (of all ranks on the node) in the window judged"),
+        _i(
+            "case",
+            "str",
+            "",
+            "which case of the rule: data_loading's io_bound, cpu_bound_workers, too_few_workers, ...",
+        ),
     ),
     open_fields=r"figure_[a-z0-9_]{1,48}",
     downsampled=False,

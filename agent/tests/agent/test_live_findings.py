@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from agentproc import AgentProc
+from support.cgroup_limits import SlowDisk
 from support.fixtures import gpulse_cmd
 from support.waiting import wait_until
 
@@ -66,18 +67,21 @@ class Watch:
         self._thread.join(timeout=60)
 
 
-def run_beside_agent(tmp: Path, env: dict[str, str], *loop: str) -> tuple[list[dict], list[dict], Watch, str]:
-    """Run ``live_loop.py`` beside a real agent: (train_finding rows, truths, the status watch, agent log)."""
+def run_beside_agent(
+    tmp: Path, env: dict[str, str], *loop: str, prefix: list[str] | None = None, agent_flags: tuple[str, ...] = ()
+) -> tuple[list[dict], list[dict], Watch, str]:
+    """Run ``live_loop.py`` beside a real agent (``prefix``: a command that runs it in a cgroup):
+    (train_finding rows, truths, the status watch, agent log)."""
     sock, record = tmp / "sock" / "agent.sock", tmp / "agent.lp"
     flags = ["--simulate", "1", "--interval", str(INTERVAL_S), "--record", str(record), "--socket", str(sock)]
     live = ["--live-window-steps", str(WINDOW_STEPS), "--live-window-s", str(WINDOW_S), "--live-every-s", str(EVERY_S)]
-    agent = AgentProc([*flags, *live, "--spool-dir", str(tmp / "spool")], env, tmp)
+    agent = AgentProc([*flags, *live, *agent_flags, "--spool-dir", str(tmp / "spool")], env, tmp)
     out = tmp / "out"
     try:
         wait_until(sock.exists, what="the agent's socket")
         watch = Watch(sock, env)
         path = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
-        cmd = [sys.executable, str(HERE / "live_loop.py"), str(out), str(sock), *loop]
+        cmd = [*(prefix or []), sys.executable, str(HERE / "live_loop.py"), str(out), str(sock), *loop]
         try:
             subprocess.run(cmd, env={**env, "PYTHONPATH": path}, check=True, timeout=600)
         finally:
@@ -102,10 +106,11 @@ def show(what: str, change_ns: int, at_ns: int) -> None:
     print(f"{what}: change at {change_ns} ns, finding at {at_ns} ns, {(at_ns - change_ns) / 1e9:.2f} s later")
 
 
-def test_a_run_turning_data_bound_raises_data_loading_live_and_clears_after(
-    tmp_path: Path, clean_env: dict[str, str]
-) -> None:
-    findings, (truth,), watch, log = run_beside_agent(tmp_path, clean_env, "shift", "500", "80", "200")
+def raised_then_cleared(tmp: Path, findings: list[dict], truth: dict, watch: Watch, log: str) -> dict:
+    """A run whose loader turned slow at ``change_ns`` and fast again at ``back_ns`` (the truth): its
+    ``data_loading`` finding was raised within two windows of the change, while the run went on, and
+    cleared within two windows of the end of it; ``gpulse status`` (JSON and text) listed it while it
+    was open, the agent logged both, and the run lists it in ``metrics_report.json``. The raise."""
     states = [(f["rule"], f["state"]) for f in findings]
     assert states == [("data_loading", "raised"), ("data_loading", "cleared")], states
     raised, cleared = findings
@@ -115,22 +120,67 @@ def test_a_run_turning_data_bound_raises_data_loading_live_and_clears_after(
     assert within_two_windows(truth["change_ns"], raised["time"], truth["slow_step_s"])
     assert within_two_windows(truth["back_ns"], cleared["time"], truth["fast_step_s"])
     assert cleared["time"] < truth["end_ns"], "cleared only after the run ended"
-    # while it was open, gpulse status (JSON and text) listed it, and the agent logged both
     assert any(truth["change_ns"] < t < truth["back_ns"] + 4e9 and r == truth["run"] for t, r, _ in watch.seen)
     assert any("data_loading since step" in t for t in watch.text)
     assert "data_loading raised at step" in log and "data_loading cleared" in log
     # the run heard of it from the agent and lists it, with the steps it held, in metrics_report.json
-    (entry,) = json.loads((tmp_path / "out" / "metrics_report.json").read_text())["live_findings"]
+    (entry,) = json.loads((tmp / "out" / "metrics_report.json").read_text())["live_findings"]
     assert entry["rule"] == "data_loading" and entry["state"] == "cleared"
     assert (entry["first_step"], entry["last_step"]) == (cleared["first_step"], cleared["last_step"])
-    assert 80 <= entry["first_step"] < entry["last_step"] <= 200 + 2 * WINDOW_STEPS and entry["action"]
     assert truth["profile_requests"] == ["data_loading"]  # the raise asked for the profiler window, once
+    return raised
+
+
+def test_a_run_turning_data_bound_raises_data_loading_live_as_cpu_bound_workers_and_clears_after(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    findings, (truth,), watch, log = run_beside_agent(tmp_path, clean_env, "shift", "400", "80", "200")
+    raised = raised_then_cleared(tmp_path, findings, truth, watch, log)
+    assert 80 <= raised["first_step"] < raised["last_step"] <= 200 + 2 * WINDOW_STEPS
+    # the case, from the host beside the steps: the workers were on (or waiting for) a CPU
+    assert raised["case"] == "cpu_bound_workers" and raised["evidence"].count("CPU-bound workers:") == 1
+    assert raised["figure_workers"] == 2 and raised["figure_loader_running_ratio"] >= 0.5
+    assert raised["figure_loader_disk_sleep_ratio"] < 0.2
+
+
+def test_a_run_turning_data_bound_on_a_slow_disk_raises_data_loading_live_as_io_bound_and_clears_after(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    """The same run, its slow items each one O_DIRECT read of a loop device the kernel throttles
+    (blkio / io.max) for the loop's cgroup: the workers wait in state D, the disk is the limit."""
+    rate = 1 << 20  # 32 reads/s: 8 steps/s at most, while the loop alone runs at about 20
+    disk = SlowDisk(tmp_path, read_bytes_per_s=rate)
+    try:
+        loop = ("io", "400", "80", "200", disk.device, str(disk.size))
+        findings, (truth,), watch, log = run_beside_agent(tmp_path, clean_env, *loop, prefix=disk.prefix())
+    finally:
+        disk.close()
+    raised = raised_then_cleared(tmp_path, findings, truth, watch, log)
+    assert 80 <= raised["first_step"] < raised["last_step"] <= 200 + 2 * WINDOW_STEPS
+    assert raised["case"] == "io_bound" and raised["evidence"].count("I/O-bound:") == 1
+    assert raised["figure_workers"] == 2 and raised["figure_loader_disk_sleep_ratio"] >= 0.5
+    # what the workers read, by the agent's samples, against the throttle the kernel held them to
+    assert 0.5 * rate <= raised["figure_loaders_read_bytes_per_s"] <= 1.5 * rate
+    assert "Storage is the limit" in raised["action"] and "num_workers=" not in raised["action"]
 
 
 def test_a_healthy_run_raises_nothing(tmp_path: Path, clean_env: dict[str, str]) -> None:
     findings, (truth,), watch, _ = run_beside_agent(tmp_path, clean_env, "healthy", "200")
     assert findings == [] and watch.seen == []
     assert truth["run"]
+
+
+def test_an_agent_with_no_live_findings_raises_nothing_for_a_run_turning_data_bound(
+    tmp_path: Path, clean_env: dict[str, str]
+) -> None:
+    findings, (truth,), watch, log = run_beside_agent(
+        tmp_path, clean_env, "shift", "300", "60", "180", agent_flags=("--no-live-findings",)
+    )
+    assert findings == [] and watch.seen == [] and "finding:" not in log
+    report = json.loads((tmp_path / "out" / "metrics_report.json").read_text())
+    assert report["live_findings"] == []
+    assert "data_loading" in [f["id"] for f in report["diagnosis"]]  # the run was data-bound: the rule would hold
+    assert truth["profile_requests"] == []
 
 
 def test_a_straggling_rank_raises_rank_imbalance_live_in_a_gloo_run(tmp_path: Path, clean_env: dict[str, str]) -> None:

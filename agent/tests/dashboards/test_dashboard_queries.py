@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from grafana_ts import backend_frames, ensure_installed, grafana, misreads
 from support.grafana_interpolate import interpolate
-from support.grafana_queries import data_rows, panel_queries, panel_rows, resolve_variables
+from support.grafana_queries import annotation_queries, data_rows, panel_queries, panel_rows, resolve_variables
 from support.old_run import setup_v1 as _setup
 
 from gpulse import schema
@@ -120,7 +120,8 @@ def _batches() -> Iterator[int]:
 
 
 def _train(run: Any, uuid: str, ready: threading.Event, done: list[int]) -> None:
-    """One rank's training loop: timed phases, data wait, comm, loss, an eval mark."""
+    """One rank's training loop: timed phases, data wait, comm, loss, an eval mark; rank 0 records a
+    profiler window."""
     from gpulse.channel import protocol
     from gpulse.training.memory import MemoryProbe
 
@@ -144,6 +145,9 @@ def _train(run: Any, uuid: str, ready: threading.Event, done: list[int]) -> None
             run.log(loss=3.0 / (1 + i * 0.05))
         if i == 20:
             run.mark("eval", f"eval loss {2.5 - rank * 0.01:.2f}")
+        if i == 10 and rank == 0:  # what a finding the agent raised asks for (its window is minutes long)
+            # (a rule that takes no py-spy dump: this process's children are the test's servers, no workers)
+            assert run.profile_window.request("communication", "asked for by the dashboard test")
     run.finish()
     done.append(rank)  # an exception instead is printed by threading's excepthook
 
@@ -194,6 +198,8 @@ def _write_alert_situations(influx: Any, now: int) -> None:
 
 @pytest.fixture(scope="module")
 def filled(influxdb_module: Any, repo_root: Path) -> Iterator[dict[str, Any]]:
+    import torch  # noqa: F401  (rank 0's profiler window profiles torch; imported before the clock runs)
+
     from gpulse.agent import loop
     from gpulse.agent.config import load_config
     from gpulse.agent.loop import Agent
@@ -245,7 +251,14 @@ def filled(influxdb_module: Any, repo_root: Path) -> Iterator[dict[str, Any]]:
     end = time.time_ns()
     _write_alert_situations(influxdb_module, end)
     written = downsample_now(Connection(url=url, api="v1", bucket="gpulse"), end - 30 * 60 * NS, end + NS)
-    yield {"influx": influxdb_module, "setup": how_setup, "start": start, "end": end, "downsampled": written}
+    yield {
+        "influx": influxdb_module,
+        "setup": how_setup,
+        "start": start,
+        "end": end,
+        "downsampled": written,
+        "work": work,
+    }
 
 
 @pytest.mark.parametrize("dashboard", dashboards(), ids=lambda d: d.slug)
@@ -264,6 +277,21 @@ def test_every_panel_variable_and_annotation_of_a_dashboard_returns_data(
     for title, n in counts.items():
         print(f"  {n:6d} rows  {title}")
     assert [t for t, n in counts.items() if n == 0] == []
+
+
+def test_a_profiler_window_is_an_annotation_of_the_run_with_its_summary_and_trace(filled: dict[str, Any]) -> None:
+    """The window's ``train_event`` (kind ``profile``), sent by the run through the agent, is among the
+    Training run dashboard's "Run events" annotations, tagged ``profile``, its text the window's summary
+    and the trace's path. (The ``train_finding`` annotation is the agent's, written at the raise, before
+    any window exists: the profile is an annotation of its own.)"""
+    influx = filled["influx"]
+    dash = _by_slug("training-run")
+    variables = resolve_variables(influx, dash, RECENT, {"host": HOST, "run": RUN_ID})
+    [(_, query)] = [(n, q) for n, q in annotation_queries(dash, variables, RECENT) if n == "Run events"]
+    [row] = [r for r in influx.rows(query) if r.get("kind") == "profile"]
+    [trace] = (filled["work"] / "rank0" / "gpulse-profiles").glob("*.pt.trace.json.gz")
+    assert row["text"].startswith("profile for communication: 3 steps in ") and f"trace {trace}" in row["text"]
+    assert "top self time: " in row["text"] and "DataLoader wait" in row["text"]
 
 
 def test_history_reads_points_the_continuous_queries_wrote_into_the_downsampled_policies(

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from support.cgroup_limits import READ_SIZE, read_block
+from support.slow_items import slow_item
 
 from gpulse.training import Run
 
@@ -37,12 +37,7 @@ class Items(torch.utils.data.Dataset):
         return 1_000_000
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        if self.device is not None:
-            read_block(self.device, (i * READ_SIZE) % self.size)
-        else:
-            t0 = time.thread_time()
-            while time.thread_time() - t0 < ITEM_CPU_S:
-                pass
+        slow_item(i, ITEM_CPU_S, self.device, self.size)
         return torch.full((16,), float(i))
 
 

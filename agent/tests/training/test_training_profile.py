@@ -6,16 +6,30 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
 import threading
+from html import escape
 from pathlib import Path
 
 import pytest
 import torch
+from support.fixtures import gpulse_cmd
 from torch.utils.data import DataLoader, TensorDataset
 
+from gpulse.channel.protocol import RECORD_FILE
+from gpulse.report.records import ProfileRecord
+from gpulse.schema import MAX_STRING_LEN
 from gpulse.training import Run
 from gpulse.training.errors import Guard
-from gpulse.training.profiling import PROFILE_ENV, PROFILES_DIR, PTRACE_ADVICE, ProfileWindow, child_pids, pyspy_dump
+from gpulse.training.profiling import (
+    PROFILE_ENV,
+    PROFILES_DIR,
+    PTRACE_ADVICE,
+    Profile,
+    ProfileWindow,
+    child_pids,
+    pyspy_dump,
+)
 from gpulse.training.step import StepRecorder
 from gpulse.training.trace_summary import load_trace, summarise
 
@@ -48,8 +62,8 @@ def test_a_requested_window_saves_a_trace_that_names_the_slow_operator(tmp_path:
     run = run_in(tmp_path)
     assert train(run, ("data_loading", "data wait 40% of step time")) == [True]
     run.finish()
-    traces = list((tmp_path / "out" / PROFILES_DIR).iterdir())
-    assert len(traces) == 1 and traces[0].name.endswith(".json.gz")
+    traces = list((tmp_path / "out" / PROFILES_DIR).glob("*.json.gz"))
+    assert len(traces) == 1
     with gzip.open(traces[0], "rt") as fh:  # gzip JSON, as Perfetto and HTA open it
         trace = json.load(fh)
     names = {e.get("name") for e in trace["traceEvents"]}
@@ -64,11 +78,73 @@ def test_a_requested_window_saves_a_trace_that_names_the_slow_operator(tmp_path:
     assert summary["top_ops"][0]["name"] == "aten::mm"
     assert summary["top_ops"][0]["calls"] == 3
     assert summary["dataloader_wait_ms"] > 0 and summary["compute_ms"] > 0 and summary["comm_ms"] == 0
-    # a data-loading finding also dumps the loader's stacks, or says what would allow it
-    assert "Thread" in profile["pyspy"] or PTRACE_ADVICE in profile["pyspy"]
+    # a data-loading finding also dumps the loader's stacks beside the trace, or says what would allow it
+    if profile["pyspy_path"] is not None:
+        assert Path(profile["pyspy_path"]).parent == traces[0].parent
+        assert "Thread" in Path(profile["pyspy_path"]).read_text()
+    else:
+        assert PTRACE_ADVICE in profile["pyspy"]
     # the annotation: a train_event of kind profile naming the trace
     [event] = [e for e in run.report.events if e.get("kind") == "profile"]
     assert str(traces[0]) in event["text"] and "aten::mm" in event["text"]
+
+
+def test_gpulse_report_shows_each_window_in_its_text_and_html(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """The window travels as the run's ``train_event`` point (here in the run's own recording: no
+    agent), and ``gpulse report`` shows what it showed: the rule that asked for it, the steps it
+    covered, the top operators by self time, communication vs compute, DataLoader wait, the py-spy
+    dump's file or why there is none, and the trace's path."""
+    run = run_in(tmp_path)
+    train(run, ("data_loading", "data wait 40% of step time"))
+    run.finish()
+    [profile] = json.loads((tmp_path / "out" / "metrics_report.json").read_text())["profiles"]
+    out = tmp_path / "report"
+    cmd = gpulse_cmd("report", "--from-file", str(tmp_path / "out" / RECORD_FILE), "--out", str(out), "--html")
+    done = subprocess.run(cmd, env=clean_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    s, first, last = profile["summary"], profile["steps"][0], profile["steps"][-1]
+    top = s["top_ops"][0]
+    dump = profile["pyspy_path"] or f"none: {profile['pyspy']}"
+    shown = [
+        ("asked for by", "data_loading: data wait 40% of step time"),
+        ("steps", f"{first}-{last} (3 steps), {s['window_ms']:.1f} ms in all"),
+        ("top operators by self time", f"aten::mm (cpu) {top['self_ms']:.2f} ms in 3 call(s)"),
+        ("communication vs compute", f"{s['comm_ms']:.2f} ms vs {s['compute_ms']:.2f} ms"),
+        ("DataLoader wait", f"{s['dataloader_wait_ms']:.2f} ms"),
+        ("py-spy dump", dump),
+        ("trace", profile["path"]),
+    ]
+    text = done.stdout
+    assert "PROFILER WINDOWS: 1" in text and "[data_loading] rank 0" in text
+    for label, value in shown:
+        assert f"    {label}: {value}" in text or f"    {label}: {value};" in text, (label, value, text)
+    page = (out / "metrics_report.html").read_text()
+    assert "<h2>Profiler windows</h2>" in page
+    for label, value in shown:
+        assert f"<td>{escape(label)}</td>" in page and escape(value) in page, (label, value)
+    # the report's JSON lists it as the run's own metrics_report.json does (the dump stays in its file)
+    [again] = json.loads((out / "metrics_report.json").read_text())["profiles"]
+    assert again == {**profile, "pyspy": profile["pyspy"] if profile["pyspy_path"] is None else None}
+
+
+def test_a_window_with_long_names_still_fits_its_point_and_reads_back() -> None:
+    """A point's string field is bounded: long operator names (CUDA kernels' are) and a long reason
+    are cut, operators dropped from the end, and what is left is still a window the report reads."""
+    summary = summarise(
+        {"traceEvents": [
+            {"ph": "X", "cat": "kernel", "name": f"k{i}" + "x" * 3000, "pid": 1, "tid": 1, "ts": i * 100, "dur": 90 - i}
+            for i in range(5)
+        ]}
+    )  # fmt: skip
+    profile = Profile("data_loading", "e" * 5000, 3, "/traces/t.pt.trace.json.gz", [7, 8, 9])
+    profile.summary, profile.pyspy = summary, "why none " * 500
+    text = profile.point_json()
+    assert len(text) <= MAX_STRING_LEN
+    record = ProfileRecord.from_json(json.loads(text))
+    assert record is not None and record.summary is not None
+    assert (record.rule, record.rank, record.steps, record.path) == ("data_loading", 3, [7, 8, 9], profile.path)
+    assert 1 <= len(record.summary.top_ops) <= 5 and record.summary.top_ops[0].name.startswith("k0xxx")
+    assert record.pyspy is not None and record.pyspy.startswith("why none")
 
 
 def test_holistic_trace_analysis_reads_the_trace_and_finds_its_iterations(tmp_path: Path) -> None:

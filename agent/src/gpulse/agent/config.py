@@ -136,6 +136,8 @@ class AgentConfig:
     live_window_s: float = 120.0
     #: seconds between two evaluations of the rolling findings
     live_every_s: float = 5.0
+    #: judge no rolling findings (no ``train_finding`` points, nothing told to the runs)
+    no_live_findings: bool = False
     max_lines: int = 5000
     max_bytes: int = 4 << 20
     #: replay data spooled for another destination (another URL, API, org/bucket, database) into this one
@@ -189,6 +191,7 @@ _SETTINGS: dict[str, _Conv] = {
     "live_window_steps": _int,
     "live_window_s": _float,
     "live_every_s": _float,
+    "no_live_findings": _bool,
     "max_lines": _int,
     "max_bytes": parse_size,
     "replay_spool_to_new_destination": _bool,

@@ -215,7 +215,8 @@ class Agent:
         self._process_series: OrderedDict[tuple[str, str, str, tuple[tuple[str, str], ...]], Series] = OrderedDict()
         #: one field-spec dict for every ``host_process`` series (the measurement has no open fields)
         self._process_specs: dict[str, tuple[str, str]] = {}
-        self.findings = LiveFindings(LiveWindow(cfg.live_window_steps, cfg.live_window_s, cfg.live_every_s))
+        window = LiveWindow(cfg.live_window_steps, cfg.live_window_s, cfg.live_every_s)
+        self.findings = None if cfg.no_live_findings else LiveFindings(window)
 
     # -- control (signal handlers and tests) ------------------------------------------------------
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -326,7 +327,7 @@ class Agent:
                     self.delivery.submit,
                     group=cfg.socket_group,
                     status=self.snapshot,
-                    observe=self.findings.observe,
+                    observe=self.findings.observe if self.findings is not None else None,
                     attribute=ProcessDescriber().job_tags,
                 )
                 self.receiver.start()
@@ -472,7 +473,7 @@ class Agent:
             if text is not None:
                 lines.append(text)
                 points[r.measurement] = points.get(r.measurement, 0) + 1
-            if r.measurement == "gpu" and r.gpu in self._run_gpus:  # a run's GPU: its rolling findings read it
+            if r.measurement == "gpu" and r.gpu in self._run_gpus and self.findings is not None:  # read by its findings
                 self.findings.observe("gpu", self._base_tags[r.gpu]["gpu"], r.fields, r.ts_ns)
         if self.host_sampler is not None:
             lines += self._host_lines(ts)
@@ -483,7 +484,9 @@ class Agent:
 
     def _finding_lines(self) -> list[str]:
         """The ``train_finding`` points of the rolling findings raised or cleared now (logged by them)."""
-        out = []
+        out: list[str] = []
+        if self.findings is None:
+            return out
         for f in self.findings.evaluate(time.time_ns()):
             if self.receiver is not None:
                 self.receiver.tell(f.run, {**f.as_dict(), "host": self.cfg.host})  # for its metrics_report.json
@@ -508,7 +511,9 @@ class Agent:
             return []
         cache = self._process_series
         points = [(self._host_series, node.fields())]
-        self.findings.observe("host", {"host": self.cfg.host}, points[0][1], ts)
+        findings = self.findings
+        if findings is not None:
+            findings.observe("host", {"host": self.cfg.host}, points[0][1], ts)
         for p in procs:
             job = self.receiver.job_tags(p.run, p.rank) if self.receiver is not None else {}
             key = (p.run, p.rank, p.process, tuple(job.items()))
@@ -521,7 +526,8 @@ class Agent:
             else:
                 cache.move_to_end(key)
             points.append((series, p.fields()))
-            self.findings.observe("host_process", {"host": self.cfg.host, **p.tags}, points[-1][1], ts)
+            if findings is not None:
+                findings.observe("host_process", {"host": self.cfg.host, **p.tags}, points[-1][1], ts)
         out = []
         counts = self.counters.points
         for series, fields in points:
@@ -583,7 +589,7 @@ class Agent:
             delivery=self.delivery,
             receiver=self.receiver,
             encoder_nonfinite=self.encoder.nonfinite_dropped,
-            live_runs_evicted=self.findings.runs_evicted,
+            live_runs_evicted=self.findings.runs_evicted if self.findings is not None else 0,
             host_processes_skipped=self.host_sampler.processes_skipped if self.host_sampler is not None else 0,
         )
 
@@ -618,7 +624,7 @@ class Agent:
                 for g in self._gpus
             ],
             "runs": runs,
-            "findings": self.findings.open(),
+            "findings": self.findings.open() if self.findings is not None else {},
             "samples": r.samples,
             "cycles_skipped": r.cycles_skipped,
             "cycle_ms": round(r.cycle_ms, 3),

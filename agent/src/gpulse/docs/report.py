@@ -51,6 +51,7 @@ energy and throttling, the GPU events (XID, ECC, lost), and the rules that need 
 | `host` | the host beside the run's GPUs, from the agent's `host` and `host_process` points: cores free, the training processes' and DataLoader workers' CPU and their shares on a CPU and blocked on disk (null without them); the `data_loading` finding names its case from it |
 | `diagnosis` | findings: `id`, `title`, `evidence` (numbers), `threshold`, `action` |
 | `not_evaluated` | checks skipped for lack of data (e.g. no GPU samples) |
+| `profiles` | the profiler windows the findings raised while the run was going asked for (`gpulse.training.profiling`), from the run's `train_event` points of kind `profile`: `rule`, `evidence`, `rank`, `path` (the gzipped Chrome trace), `steps`, `summary` (`top_ops` by self time, `comm_ms` vs `compute_ms`, `dataloader_wait_ms`, `window_ms`), `pyspy` (the DataLoader workers' stacks, or why there are none), `pyspy_path` (the dump's file beside the trace), `error`; the text and HTML reports show each |
 | `live_findings` | `metrics_report.json` only: the findings the agent's rolling diagnosis raised while the run was going (`rule`, `state` raised/cleared, `first_step`, `last_step` it held, `evidence`, `action`, `time_ns`, `host`), as the agent told rank 0's process; empty without an agent |
 
 ## The parts of a step

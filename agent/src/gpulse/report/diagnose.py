@@ -283,7 +283,8 @@ def data_loading(r: RunReport, t: Thresholds) -> Outcome:
             wait + " No host figures for this run (the agent samples them beside the GPUs).", threshold, {"ratio": dl}
         )
     case = classify(r.host, t)
-    return Hit(f"{wait} {case.evidence}", threshold, {"ratio": dl, "case": case.case.value}, action=case.action)
+    data = {"ratio": dl, "case": case.case.value, **case.figures}
+    return Hit(f"{wait} {case.evidence}", threshold, data, action=case.action)
 
 
 @rule(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,9 @@ class LoadingDiagnosis:
     case: LoadingCase
     evidence: str
     action: str
+    #: the figures the case was judged by, as numbers (the finding's ``data``; a live finding's
+    #: ``figure_*`` fields), so that tools and alerts need not parse the evidence
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 def _value(row: Row, key: str) -> float | None:
@@ -121,6 +124,11 @@ def summarize(host: Sequence[Row], processes: Sequence[Row]) -> HostSummary | No
     )
 
 
+def _numbers(**values: float | None) -> dict[str, float]:
+    """The figures that are known, as floats."""
+    return {k: float(v) for k, v in values.items() if v is not None}
+
+
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
@@ -173,6 +181,16 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
         "(more workers would compete with the training processes and each other, and slow the run). "
     )
     iowait = s.avg_cpu_iowait_pct
+    numbers = _numbers(
+        workers=s.workers,
+        loader_running_ratio=run_share,
+        loader_disk_sleep_ratio=d_share,
+        loader_cpu_pct=cpu,
+        cpu_iowait_pct=iowait,
+        free_cores=free,
+        loaders_read_bytes_per_s=s.loaders_read_bytes_per_s,
+        max_disk_busy_pct=s.max_disk_busy_pct,
+    )
     if (d_share or 0.0) >= t.loader_disk_sleep_ratio or (iowait or 0.0) >= t.loader_iowait_pct:
         disk = f"; busiest disk {_pct(s.max_disk_busy_pct)} busy" if s.max_disk_busy_pct is not None else ""
         read = (
@@ -186,6 +204,7 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
             "Storage is the limit, not CPU: copy the dataset to local NVMe or RAM (/dev/shm), read fewer larger "
             "files (sharded tar/WebDataset, Arrow, LMDB), cache decoded items after the first epoch; more "
             "workers help only while the device is not at its limit (disk busy below 100%).",
+            numbers,
         )
     if has_workers and (run_share or 0.0) >= t.loader_busy_ratio:
         lighten = (
@@ -197,7 +216,7 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
             if can_grow
             else f"{no_core}Instead {lighten}"
         )
-        return LoadingDiagnosis(LoadingCase.CPU_BOUND_WORKERS, f"CPU-bound workers: {figures}", action)
+        return LoadingDiagnosis(LoadingCase.CPU_BOUND_WORKERS, f"CPU-bound workers: {figures}", action, numbers)
     if (s.main_running_ratio or 0.0) >= t.loader_busy_ratio:  # the workers (if any) are not the busy ones
         if can_grow:
             return LoadingDiagnosis(
@@ -205,16 +224,19 @@ def classify(s: HostSummary, t: Thresholds) -> LoadingDiagnosis:
                 f"Too few workers: the training process loads its own batches. {main_line}",
                 f"Load in worker processes: DataLoader {grow}{ranks} ({free:.1f} core(s) are free), "
                 "persistent_workers=True, pin_memory=True.",
+                numbers,
             )
         return LoadingDiagnosis(
             LoadingCase.NO_FREE_CORE,
             f"No free core: the training process loads its own batches. {main_line}",
             f"{no_core}Make loading cheaper instead: pre-tokenize or pre-decode offline and cache, or run on a "
             "host with more cores per GPU.",
+            numbers,
         )
     return LoadingDiagnosis(
         LoadingCase.WAITING_ELSEWHERE,
         f"Loaders mostly sleep: {figures}",
         "The loaders wait on something that is neither CPU nor local disk: network storage, a pipe or queue, "
         "a lock, a remote service. Profile one worker (py-spy dump --pid <worker pid>) to see where it sleeps.",
+        numbers,
     )

@@ -464,6 +464,14 @@ def render_html(report: RunReport, steps: Sequence[Row], gpu: Sequence[Row], eve
         body += ["<h2>Per GPU</h2>", _gpu_table(report.per_gpu)]
     if report.gpu_events:
         body += _gpu_events(report.gpu_events, t0, "")
+    if report.profiles:
+        body.append("<h2>Profiler windows</h2>")
+        body.append('<p class="muted">Asked for by findings raised while the run was going.</p>')
+        for p in report.profiles:
+            body.append(f"<h3>{escape(p.rule)}, rank {p.rank}</h3>")
+            body.append(
+                _table([(escape(k), escape(v)) for k, v in p.parts()], ["", "what the window showed"], wrap=(1,))
+            )
     if report.per_rank:
         rows = [
             [

@@ -80,6 +80,8 @@ class LiveFinding:
     window_steps: int
     #: the rule's numeric figures (``Hit.data``'s numbers)
     figures: dict[str, float] = field(default_factory=dict)
+    #: which case of the rule (``data_loading``'s :class:`~gpulse.report.host.LoadingCase`), else empty
+    case: str = ""
 
     def fields(self) -> dict[str, Any]:
         """The ``train_finding`` point's fields (``gpulse.schema.TRAIN_FINDING``)."""
@@ -93,6 +95,7 @@ class LiveFinding:
             "first_step": self.first_step,
             "last_step": self.last_step,
             "window_steps": self.window_steps,
+            **({"case": self.case} if self.case else {}),
             **{f"figure_{k}": v for k, v in self.figures.items()},
         }
 
@@ -210,6 +213,7 @@ class RollingFindings:
                     time_ns=now_ns,
                     window_steps=len(self._rows),
                     figures=_figures(hit.data),
+                    case=str(hit.data.get("case") or ""),
                 )
                 changes.append(track.raised)
             elif hit is None and track.raised is not None and lasted:

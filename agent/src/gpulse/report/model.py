@@ -29,6 +29,7 @@ GiB (2^30 bytes); energy from the GPU energy counter (or, without it, from power
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -45,6 +46,7 @@ from gpulse.report.records import (
     GpuSummary,
     GpuTotals,
     NodeReport,
+    ProfileRecord,
     RankSummary,
     RunEvent,
     RunInfo,
@@ -490,9 +492,25 @@ def build_report(
         thresholds=limits.as_dict(),
         hints=_hints(info, steps),
         host=summarize_host(host, host_process),
+        profiles=_profiles(events),
     )
     report.diagnosis, report.not_evaluated = diagnose(report, limits)
     return report
+
+
+def _profiles(events: Sequence[Row]) -> list[ProfileRecord]:
+    """The profiler windows, from the ``train_event`` points of kind ``profile`` that carry one."""
+    out = []
+    for r in sorted(events, key=lambda r: r.get("time") or 0):
+        if r.get("kind") != "profile" or not isinstance(r.get("profile"), str):
+            continue
+        try:
+            record = ProfileRecord.from_json(json.loads(r["profile"]))
+        except ValueError:
+            record = None
+        if record is not None:
+            out.append(record)
+    return out
 
 
 def _gpu_events(rows: Sequence[Row]) -> list[GpuEvent]:

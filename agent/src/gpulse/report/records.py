@@ -154,6 +154,110 @@ class RunEvent:
     rank: Any
 
 
+@dataclass(frozen=True)
+class ProfileOperator:
+    """One operator of a profiler window: its self time over the window and how often it ran."""
+
+    name: str
+    device: str
+    self_ms: float
+    calls: int
+
+
+@dataclass
+class ProfileSummary:
+    """What a profiler window's trace showed (``gpulse.training.trace_summary``)."""
+
+    steps: int
+    window_ms: float
+    top_ops: list[ProfileOperator]
+    comm_ms: float
+    compute_ms: float
+    dataloader_wait_ms: float
+
+
+@dataclass
+class ProfileRecord:
+    """A profiler window a rolling finding asked for (``gpulse.training.profiling``): the rule, the
+    steps it recorded, its trace and what the trace showed, and the DataLoader workers' stacks."""
+
+    rule: str
+    evidence: str
+    rank: int
+    #: the gzipped Chrome trace (Perfetto, Holistic Trace Analysis)
+    path: str
+    #: the run's steps the window recorded
+    steps: list[int]
+    #: ``None`` where the trace could not be read back (``error`` says why)
+    summary: ProfileSummary | None
+    #: the ``py-spy dump`` of the DataLoader workers, or why there is none (``None``: the rule asks for none)
+    pyspy: str | None
+    #: the file the py-spy dump was saved to, beside the trace
+    pyspy_path: str | None
+    error: str | None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ProfileRecord | None:
+        """The record of a profile's JSON (the ``train_event`` point's ``profile`` field, or
+        ``Profile.to_json``); ``None`` when it is not one."""
+        try:
+            s = d.get("summary")
+            summary = (
+                ProfileSummary(
+                    int(s["steps"]),
+                    float(s["window_ms"]),
+                    [ProfileOperator(str(o["name"]), str(o["device"]), float(o["self_ms"]), int(o["calls"]))
+                     for o in s["top_ops"]],
+                    float(s["comm_ms"]),
+                    float(s["compute_ms"]),
+                    float(s["dataloader_wait_ms"]),
+                )
+                if isinstance(s, dict)
+                else None
+            )  # fmt: skip
+            return cls(
+                str(d["rule"]),
+                str(d.get("evidence") or ""),
+                int(d.get("rank") or 0),
+                str(d["path"]),
+                [int(x) for x in d.get("steps") or []],
+                summary,
+                _opt_str(d.get("pyspy")),
+                _opt_str(d.get("pyspy_path")),
+                _opt_str(d.get("error")),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    def parts(self) -> list[tuple[str, str]]:
+        """What the window showed, as (label, text) pairs: the text and HTML reports list these."""
+        steps = f"{self.steps[0]}-{self.steps[-1]} ({len(self.steps)} steps)" if self.steps else "none recorded"
+        out = [("asked for by", f"{self.rule}: {self.evidence}" if self.evidence else self.rule), ("steps", steps)]
+        s = self.summary
+        if s is None:
+            out.append(("summary", f"the trace could not be read back: {self.error or 'unknown error'}"))
+        else:
+            out[-1] = ("steps", f"{steps}, {s.window_ms:.1f} ms in all")
+            ops = "; ".join(f"{o.name} ({o.device}) {o.self_ms:.2f} ms in {o.calls} call(s)" for o in s.top_ops)
+            out += [
+                ("top operators by self time", ops or "none"),
+                ("communication vs compute", f"{s.comm_ms:.2f} ms vs {s.compute_ms:.2f} ms"),
+                ("DataLoader wait", f"{s.dataloader_wait_ms:.2f} ms"),
+            ]
+        if self.pyspy_path:
+            out.append(("py-spy dump", self.pyspy_path))
+        elif self.pyspy is not None:
+            out.append(("py-spy dump", f"none: {self.pyspy}"))
+        else:
+            out.append(("py-spy dump", f"none: the {self.rule} rule asks for none (only data loading's does)"))
+        out.append(("trace", self.path))
+        return out
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
 @dataclass
 class GpuEvent:
     """A ``gpu_event`` point: XID, ECC error, GPU lost or recovered."""
@@ -294,6 +398,8 @@ class RunReport:
     hints: list[str] = field(default_factory=list)
     #: the host beside the GPUs (``None`` without the agent's host_process points for the run)
     host: HostSummary | None = None
+    #: the profiler windows rolling findings asked for (the run's ``train_event`` points of kind ``profile``)
+    profiles: list[ProfileRecord] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return as_json(self)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpulse.report import units
 from gpulse.report.phases import step_share
-from gpulse.report.records import Finding, GpuEvent, GpuSummary, NodeReport, RunReport
+from gpulse.report.records import Finding, GpuEvent, GpuSummary, NodeReport, ProfileRecord, RunReport
 
 
 def _fmt(v: float | int | None, unit: str = "", digits: int = 3) -> str:
@@ -87,6 +87,8 @@ def render_text(r: RunReport) -> str:
     ]
     if r.gpu_events:
         out += ["", *_events(r.gpu_events, "GPU EVENTS (XID, ECC, lost)")]
+    if r.profiles:
+        out += ["", *_profiles(r.profiles)]
     if r.per_rank:
         out += ["", "RANKS"]
         for x in r.per_rank:
@@ -97,6 +99,15 @@ def render_text(r: RunReport) -> str:
                 f"{_fmt(x.wait_for_slower_ranks_s, ' s', 4)}/step, ×{_ratio(x.slowdown_vs_median)} vs median"
             )
     return "\n".join(out) + "\n"
+
+
+def _profiles(profiles: list[ProfileRecord]) -> list[str]:
+    """Each profiler window a rolling finding asked for, with what its trace showed."""
+    out = [f"PROFILER WINDOWS: {len(profiles)} (asked for by findings raised while the run was going)"]
+    for p in profiles:
+        out.append(f"  [{p.rule}] rank {p.rank}")
+        out += [f"    {label}: {text}" for label, text in p.parts()]
+    return out
 
 
 def _event(e: GpuEvent) -> str:

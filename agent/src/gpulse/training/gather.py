@@ -43,24 +43,18 @@ class Gathered:
     steps: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
-    #: the other ranks' profiler windows (``metrics_report.json``'s ``profiles``)
-    profiles: list[dict[str, Any]] = field(default_factory=list)
     partial_reason: str | None = None
 
 
-def pack(
-    steps: list[dict[str, Any]],
-    runs: list[dict[str, Any]],
-    events: list[dict[str, Any]],
-    profiles: list[dict[str, Any]] | None = None,
-) -> bytes:
-    data = {"steps": steps, "runs": runs, "events": events, "profiles": profiles or []}
+def pack(steps: list[dict[str, Any]], runs: list[dict[str, Any]], events: list[dict[str, Any]]) -> bytes:
+    """A rank's rows for rank 0 (its profiler windows travel as its ``train_event`` points)."""
+    data = {"steps": steps, "runs": runs, "events": events}
     return zlib.compress(json.dumps(data, default=str).encode(), 6)
 
 
 def unpack(blob: bytes) -> dict[str, list[dict[str, Any]]]:
     data = json.loads(zlib.decompress(blob))
-    return {k: [r for r in data.get(k, []) if isinstance(r, dict)] for k in ("steps", "runs", "events", "profiles")}
+    return {k: [r for r in data.get(k, []) if isinstance(r, dict)] for k in ("steps", "runs", "events")}
 
 
 class RankExchange:
@@ -131,7 +125,6 @@ class RankExchange:
         out.steps += data["steps"]
         out.runs += data["runs"]
         out.events += data["events"]
-        out.profiles += data["profiles"]
 
 
 def _ranks(ranks: set[int]) -> str:

@@ -46,6 +46,10 @@ ACTIVE_STEPS = 3
 #: Rules whose window also dumps the DataLoader workers' stacks with py-spy.
 DATA_LOADING_RULES = frozenset({"data_loading"})
 PYSPY_TIMEOUT_S = 20.0
+#: The ``profile`` field of a profile's ``train_event``: at most this long (the schema's string limit is
+#: 4096), each text in it at most :data:`TEXT_IN_POINT`.
+POINT_JSON_MAX = 4000
+TEXT_IN_POINT = 600
 #: What allows py-spy to attach, said where it could not.
 PTRACE_ADVICE = (
     "run the training as root, or start its container with --cap-add SYS_PTRACE "
@@ -61,7 +65,7 @@ def profiling_enabled(profile: bool) -> bool:
 class Profile:
     """One finished profiler window: the rule that asked for it, its trace and what the trace shows."""
 
-    __slots__ = ("error", "evidence", "path", "pyspy", "rank", "rule", "steps", "summary")
+    __slots__ = ("error", "evidence", "path", "pyspy", "pyspy_path", "rank", "rule", "steps", "summary")
 
     def __init__(self, rule: str, evidence: str, rank: int, path: str, steps: list[int]) -> None:
         self.rule = rule
@@ -73,12 +77,15 @@ class Profile:
         self.summary: Any = None  # a TraceSummary once read back
         #: the py-spy dump, or why there is none (``None`` where the rule does not ask for one)
         self.pyspy: str | None = None
+        #: the file the dump was saved to, beside the trace (``None``: no dump)
+        self.pyspy_path: str | None = None
         self.error: str | None = None
 
     def text(self) -> str:
-        """The annotation's text: what the window showed and where its trace is."""
+        """The annotation's text: what the window showed and where its trace (and py-spy dump) is."""
         what = self.summary.text() if self.summary is not None else f"trace not readable: {self.error}"
-        return f"profile for {self.rule}: {what}; trace {self.path}"
+        dump = f"; py-spy dump {self.pyspy_path}" if self.pyspy_path else ""
+        return f"profile for {self.rule}: {what}; trace {self.path}{dump}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,8 +96,28 @@ class Profile:
             "steps": self.steps,
             "summary": self.summary.to_json() if self.summary is not None else None,
             "pyspy": self.pyspy,
+            "pyspy_path": self.pyspy_path,
             "error": self.error,
         }
+
+    def point_json(self, limit: int = POINT_JSON_MAX) -> str:
+        """The window as the ``train_event`` point's ``profile`` field: :meth:`to_json` within ``limit``
+        characters (a point's string field is bounded): the dump itself stays in its file, long
+        texts are cut, and operators are dropped from the end until it fits."""
+        d = self.to_json()
+        if self.pyspy_path:
+            d["pyspy"] = None
+        for key in ("evidence", "pyspy", "error"):
+            if isinstance(d[key], str):
+                d[key] = d[key][:TEXT_IN_POINT]
+        ops = d["summary"]["top_ops"] if d["summary"] is not None else []
+        for op in ops:
+            op["name"] = op["name"][: TEXT_IN_POINT // 4]
+        text = _json(d)
+        while len(text) > limit and ops:
+            ops.pop()
+            text = _json(d)
+        return text
 
 
 class ProfileWindow:
@@ -106,7 +133,7 @@ class ProfileWindow:
         enabled: bool = True,
         max_bytes: int = DEFAULT_MAX_BYTES,
         per_rule_s: float = PER_RULE_S,
-        mark: Callable[[str, str], None] | None = None,
+        mark: Callable[[str, str], None] | None = None,  # (annotation text, the point's ``profile`` JSON)
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.steps = steps
@@ -243,11 +270,14 @@ class ProfileWindow:
             profile.error = f"{type(exc).__name__}: {exc}"
             self.guard.report("profile_summary", exc)
         if profile.rule in DATA_LOADING_RULES:
-            profile.pyspy = pyspy_dump(os.getpid())
+            dumps, problems = pyspy_dumps(os.getpid())
+            profile.pyspy = "\n\n".join(dumps + problems)
+            if dumps:
+                profile.pyspy_path = _save_dump(profile.path, profile.pyspy, self.guard)
         self.profiles.append(profile)
         try:
             if self.mark is not None:
-                self.mark("profile", profile.text())
+                self.mark(profile.text(), profile.point_json())
             for listener in list(self.on_profile):
                 listener(profile)
         except Exception as exc:
@@ -276,28 +306,47 @@ def pyspy_dump(pid: int) -> str:
     """One ``py-spy dump`` of each DataLoader worker of ``pid`` (its child processes; ``pid`` itself
     when it has none: with ``num_workers=0`` the loading runs there), or why there is none and what
     would allow it."""
+    dumps, problems = pyspy_dumps(pid)
+    return "\n\n".join(dumps + problems)
+
+
+def pyspy_dumps(pid: int) -> tuple[list[str], list[str]]:
+    """:func:`pyspy_dump`'s parts: the dumps taken, and for each process without one, why and what
+    would allow it."""
     import shutil
     import subprocess
 
     exe = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
     if exe is None:
-        return "py-spy is not installed: pip install py-spy in the training environment to record the DataLoader workers' stacks"  # fmt: skip
-    pids = child_pids(pid) or [pid]
-    out = []
-    for p in pids:
+        return [], ["py-spy is not installed: pip install py-spy in the training environment to record the DataLoader workers' stacks"]  # fmt: skip
+    dumps: list[str] = []
+    problems: list[str] = []
+    for p in child_pids(pid) or [pid]:
         try:  # --nonblocking: the training process itself is never paused for it
             done = subprocess.run(
                 [exe, "dump", "--nonblocking", "--pid", str(p)], capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            out.append(f"pid {p}: py-spy dump failed: {exc}")
+            problems.append(f"pid {p}: py-spy dump failed: {exc}")
             continue
         if done.returncode == 0:
-            out.append(done.stdout.strip())
+            dumps.append(done.stdout.strip())
         else:
             why = (done.stderr or done.stdout).strip().splitlines()
-            out.append(f"pid {p}: py-spy could not attach ({why[-1] if why else done.returncode}); to allow it, {PTRACE_ADVICE}")  # fmt: skip
-    return "\n\n".join(out)
+            problems.append(f"pid {p}: py-spy could not attach ({why[-1] if why else done.returncode}); to allow it, {PTRACE_ADVICE}")  # fmt: skip
+    return dumps, problems
+
+
+def _save_dump(trace: str, text: str, guard: Guard) -> str | None:
+    """The py-spy dump into a file beside its trace; its path (``None`` if it could not be written)."""
+    path = re.sub(r"\.pt\.trace\.json\.gz$", "", trace) + ".pyspy.txt"
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        guard.report("profile_pyspy_write", exc)
+        return None
+    return path
 
 
 def child_pids(pid: int) -> list[int]:

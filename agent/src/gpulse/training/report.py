@@ -58,12 +58,6 @@ class ReportBuffer:
         self._totals = dict.fromkeys(_TOTALS, 0)
         #: (rule, first step) -> the agent's latest word on that finding (``live_findings``)
         self._findings: dict[tuple[str, int], dict[str, Any]] = {}
-        #: this rank's profiler windows (:class:`~gpulse.training.profiling.Profile`), ``profiles`` in the file
-        self.profiles: list[Any] = []
-
-    def profile_rows(self) -> list[dict[str, Any]]:
-        """This rank's profiler windows as ``metrics_report.json`` lists them."""
-        return [p.to_json() for p in self.profiles]
 
     def add(self, measurement: str, tags: Mapping[str, str], fields: Mapping[str, Any], ts: int) -> None:
         """Keep a ``train_run`` or ``train_event`` point (steps come as rows, :meth:`add_rows`)."""
@@ -153,19 +147,10 @@ def summary(report: RunReport, paths: list[str]) -> str:
     return render_summary(report, paths)
 
 
-def all_profiles(buffer: ReportBuffer, others: Gathered | None = None) -> list[dict[str, Any]]:
-    """The profiler windows of this rank and of the ranks in ``others``, for ``metrics_report.json``."""
-    return buffer.profile_rows() + (others.profiles if others is not None else [])
-
-
-def write_report(
-    report: RunReport,
-    output_dir: str,
-    profiles: list[dict[str, Any]] | None = None,
-    live_findings: list[dict[str, Any]] | None = None,
-) -> str:
-    """Write ``report`` (with the run's profiler windows, ``profiles``, and what the agent found while
-    it ran, ``live_findings``) to ``output_dir``; returns its path. Raises on failure."""
+def write_report(report: RunReport, output_dir: str, live_findings: list[dict[str, Any]] | None = None) -> str:
+    """Write ``report`` (its ``profiles`` are the run's profiler windows, from their ``train_event``
+    points) with what the agent found while it ran (``live_findings``) to ``output_dir``; returns its
+    path. Raises on failure."""
     from gpulse.channel.recording import open_private
 
     os.makedirs(output_dir, exist_ok=True)
@@ -175,7 +160,7 @@ def write_report(
         fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
         with open(fd, "w", encoding="utf-8") as fh:
             json.dump(
-                {**report.to_json(), "profiles": profiles or [], "live_findings": live_findings or []},
+                {**report.to_json(), "live_findings": live_findings or []},
                 fh,
                 indent=2,
                 default=str,

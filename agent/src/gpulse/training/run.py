@@ -165,9 +165,13 @@ class Run:
         from gpulse.training.profiling import ProfileWindow, profiling_enabled
 
         self.profile_window = ProfileWindow(
-            self.steps, self.guard, self.output_dir, self.rank, enabled=profiling_enabled(self._profile), mark=self.mark
+            self.steps,
+            self.guard,
+            self.output_dir,
+            self.rank,
+            enabled=profiling_enabled(self._profile),
+            mark=self._mark_profile,
         )
-        self.report.profiles = self.profile_window.profiles
         # a finding the node's agent raised (and so held for a whole window) asks for one window
         self.worker.request_profile = self.profile_window.request
         if self.world_size > 1:
@@ -264,6 +268,15 @@ class Run:
         except Exception as exc:
             self.guard.report("mark", exc)
 
+    def _mark_profile(self, text: str, profile: str) -> None:
+        """A finished profiler window as a ``train_event`` of kind ``profile``: its annotation text, and
+        the window as JSON for the report (``profiles``)."""
+        try:
+            fields = {"kind": "profile", "text": text[:MAX_TEXT], "step": self.steps.step_no, "profile": profile}
+            self.steps.add_point(Point("train_event", time.time_ns(), self.tags, fields))
+        except Exception as exc:
+            self.guard.report("mark", exc)
+
     def watch_model(self, model: Any, seq_len: int | None = None) -> None:
         """Derive FLOPs per token (MFU) from a model's parameter count and config."""
         self.mfu.watch_model(model, seq_len)
@@ -321,11 +334,7 @@ class Run:
         paths = []
         if self._write_report:
             try:
-                paths.append(
-                    report.write_report(
-                        built, self.output_dir, report.all_profiles(self.report, others), self.report.live_findings
-                    )
-                )
+                paths.append(report.write_report(built, self.output_dir, self.report.live_findings))
             except OSError as exc:  # a full disk, a directory gone: say which file
                 self.guard.report("report_write", exc, f"{report.REPORT_FILE} not written to {self.output_dir}")
         if not self.quiet:
@@ -340,7 +349,7 @@ class Run:
             if exchange is not None:
                 rows = self.report.step_rows(rows_per_rank(self.world_size))
                 try:
-                    exchange.hand_over(pack(rows, self.report.runs, self.report.events, self.report.profile_rows()))
+                    exchange.hand_over(pack(rows, self.report.runs, self.report.events))
                 except Exception as exc:
                     self.guard.report("gather", exc, "rank 0's metrics_report.json will lack this rank")
             return None

@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--live-window-s", type=float, metavar="S", help="... or its last S seconds if longer (default 120)"
     )
     live.add_argument("--live-every-s", type=float, metavar="S", help="evaluate the rules every S seconds (default 5)")
+    live.add_argument(
+        "--no-live-findings",
+        action="store_true",
+        default=None,
+        help="judge no rolling findings (the end-of-run diagnosis is unchanged)",
+    )
     d = parser.add_argument_group("delivery")
     d.add_argument(
         "--flush-interval", type=float, metavar="S", help="send a batch at least every S seconds (default 1)"
