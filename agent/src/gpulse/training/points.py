@@ -88,6 +88,8 @@ class PointMaker:
         self._names: set[str] = set()
         #: field names -> their shape (a run has a handful; more only with ever-changing log names)
         self._shapes: dict[tuple[str, ...], StepShape] = {}
+        #: a step's layout (:meth:`step_row`) -> its shape, for layouts whose names all have fields
+        self._layouts: dict[tuple[int, tuple[Any, ...], tuple[str, ...]], StepShape] = {}
         #: a phase name (host times, GPU times) or a logged name -> its field name, for names already
         #: accepted (bounded together)
         self._cpu_keys: dict[str, str] = {}
@@ -98,14 +100,104 @@ class PointMaker:
         self, rec: StepRecord, offset_ns: int, gpu_times: dict[str, float] | None
     ) -> tuple[StepShape, tuple[int | float, ...]]:
         """The ``train_step`` point of ``rec`` as a shape and a row (:class:`~gpulse.channel.protocol.StepRows`,
-        the timestamp last); ``offset_ns`` turns ``perf_counter_ns`` into Unix ns: the one definition
-        of a step's fields.
+        the timestamp last); ``offset_ns`` turns ``perf_counter_ns`` into Unix ns.
+
+        This runs once per step on the background thread. A step whose values need nothing done to
+        them (an ``int`` step number and counts, ``float`` logs, no GPU times) and whose layout (which
+        fields it has, its phase and log names) was seen before takes its shape from a cache keyed by
+        that layout and only gathers its values, in the order :meth:`_row` puts them; any other step,
+        and the first of each layout, is made by :meth:`_row`, the one definition of a step's fields."""
+        step = rec.step
+        if gpu_times or type(step) is not int or step not in _INT64:
+            return self._row(rec, offset_ns, gpu_times)
+        t0, t1 = rec.t0_ns, rec.t1_ns
+        values: list[Any] = [step, t0 + offset_ns, t1 + offset_ns, t1 - t0]
+        layout = 0  # which of the optional fields the step has, a bit each
+        wait = rec.wait_ns
+        if wait is not None:
+            layout = 1
+            values.append(wait if type(wait) is int else int(wait))
+        phases = rec.phases
+        if phases:
+            if len(phases) & 1:  # not (name, ns) pairs: _row says so
+                return self._row(rec, offset_ns, None)
+            values += phases[1::2]
+        comm, in_flight = rec.comm_ns, rec.inflight_ns
+        if comm is not None:
+            layout |= 2
+            values.append(comm if type(comm) is int else int(comm))
+        if in_flight is not None:
+            layout |= 4
+            values.append(in_flight if type(in_flight) is int else int(in_flight))
+        samples, tokens = rec.samples, rec.tokens
+        if samples and (type(samples) is not int or samples not in _INT64):
+            return self._row(rec, offset_ns, None)
+        if tokens and (type(tokens) is not int or tokens not in _INT64):
+            return self._row(rec, offset_ns, None)
+        logs = rec.logs
+        if logs:
+            for value in logs.values():
+                if type(value) is not float or value - value != 0.0:  # converted, or left out, by _row
+                    return self._row(rec, offset_ns, None)
+        dt = (t1 - t0) / 1e9
+        if samples:
+            layout |= 8
+            values.append(samples)
+            if dt > 0:
+                layout |= 16
+                values.append(samples / dt)
+        if tokens:
+            layout |= 32
+            values.append(tokens)
+            if dt > 0:
+                layout |= 64
+                values.append(tokens / dt)
+                mfu = self.mfu
+                rates = mfu.rates(tokens, samples, dt, self.gpus) if mfu.fixed or mfu.model is not None else None
+                if rates is not None:
+                    layout |= 128
+                    values.append(rates[0])
+                    if rates[1] is not None:
+                        layout |= 256
+                        values.append(rates[1])
+        mem = rec.memory
+        if mem is not None:
+            layout |= 512
+            values += map(int, mem[:4])
+        if logs:
+            values += logs.values()
+        key = (layout, phases[::2], tuple(logs) if logs else ())
+        shape = self._layouts.get(key)
+        if shape is None:
+            return self._first_of_layout(key, rec, offset_ns)
+        if shape.merge is not None:  # a name twice (a phase entered twice): one field
+            values = shape.merged(values)
+        values.append(t1 + offset_ns)  # the timestamp, last
+        return shape, tuple(values)
+
+    def _first_of_layout(
+        self, key: tuple[int, tuple[Any, ...], tuple[str, ...]], rec: StepRecord, offset_ns: int
+    ) -> tuple[StepShape, tuple[int | float, ...]]:
+        """The first step of a layout, made by :meth:`_row`; its shape is kept for the layout when
+        every phase and log name of it has its field (a name over the run's budget is named again
+        for every step that has it, as :meth:`_row` does)."""
+        shape, row = self._row(rec, offset_ns, None)
+        _, phase_names, log_names = key
+        if all(n in self._cpu_keys for n in phase_names) and all(n in self._log_keys for n in log_names):
+            if len(self._layouts) >= MAX_SHAPES:
+                self._layouts.clear()
+            self._layouts[key] = shape
+        return shape, row
+
+    def _row(
+        self, rec: StepRecord, offset_ns: int, gpu_times: dict[str, float] | None
+    ) -> tuple[StepShape, tuple[int | float, ...]]:
+        """What :meth:`step_row` returns, made name by name: the one definition of a step's fields.
 
         Every value is a finite ``int`` or ``float`` of the kind the point's shape says (durations in
         integer nanoseconds): values the integrations or the user handed over in another type (a
         NumPy int, a tensor) are converted here, and a value that is not a number is left out and
-        named once. This runs once per step on the background thread: names are looked up in
-        caches, and the common cases (an ``int`` count, a ``float`` logged) take no call."""
+        named once."""
         t0, t1 = rec.t0_ns, rec.t1_ns
         step = rec.step
         if type(step) is int and step in _INT64:
