@@ -27,7 +27,8 @@ from gpulse.training import client, points, report, worker
 
 PARTS: list[tuple[type, str]] = [
     (worker.Worker, "_drain"),  # taking records off the queue: the rows, the report buffer, handing over
-    (points.PointMaker, "step_row"),  # a step's row
+    (points.PointMaker, "queued_row"),  # a step's row
+    (points.PointMaker, "step_row"),  # a step's row made name by name (the first of its layout, GPU times)
     (report.ReportBuffer, "add_rows"),
     (client.Client, "submit_rows"),
     (client.Client, "pump"),  # reading acks, sending (packing rows), recording what expired

@@ -159,8 +159,8 @@ def layout_record(rng: random.Random, i: int) -> StepRecord:
 
 
 def test_a_step_s_row_is_the_one_its_fields_make_name_by_name_whichever_layouts_came_before() -> None:
-    """``step_row`` takes the shape of a layout it has seen from a cache; what it returns, and what
-    it reports, is what ``_row`` makes of the same steps name by name."""
+    """``queued_row`` takes the shape of a layout it has seen from a cache; what it returns, and what
+    it reports, is what ``step_row`` makes of the same steps name by name."""
     rng = random.Random(11)
     recs = [layout_record(rng, i) for i in range(3000)]
     cached, by_name = maker(), maker()
@@ -170,7 +170,7 @@ def test_a_step_s_row_is_the_one_its_fields_make_name_by_name_whichever_layouts_
     for i, rec in enumerate(recs):
         if i == len(recs) // 2:  # the GPU's peak found: mfu joins the rows from now on
             cached.mfu.peak = by_name.mfu.peak = 1e15
-        got, want = cached.step_row(rec, OFFSET, None), by_name._row(rec, OFFSET, None)
+        got, want = cached.queued_row(as_queued(rec), OFFSET), by_name.step_row(rec, OFFSET, None)
         assert got[0].names == want[0].names and got[0].kinds == want[0].kinds
         assert got[1] == want[1] and list(map(type, got[1])) == list(map(type, want[1]))
     assert cached.guard.counts == by_name.guard.counts and cached.guard.counts["too_many_open_fields"] > 100
