@@ -150,6 +150,10 @@ def layout_record(rng: random.Random, i: int) -> StepRecord:
     rec = odd_record(rng, i) if rng.random() < 0.2 else plain(i, rng.choice([(), ("forward",), ("forward", "backward", "optimizer"), ("forward", "forward"), ("data copy", "data_copy")]))  # fmt: skip
     if rng.random() < 0.3:
         rec.memory, rec.comm_ns, rec.inflight_ns = (1, 2, 3, 4), rng.choice([None, 700]), rng.choice([None, 9])
+    if rng.random() < 0.1:
+        rec.t1_ns = rec.t0_ns  # no duration: no rates
+    if rng.random() < 0.4:  # samples or tokens only
+        rec.samples, rec.tokens = rng.choice([(None, rec.tokens), (rec.samples, None)])
     if rng.random() < 0.2:
         rec.logs = {
             **(rec.logs or {}),
@@ -164,11 +168,12 @@ def test_a_step_s_row_is_the_one_its_fields_make_name_by_name_whichever_layouts_
     rng = random.Random(11)
     recs = [layout_record(rng, i) for i in range(3000)]
     cached, by_name = maker(), maker()
-    cached.mfu.fixed = by_name.mfu.fixed = 6e9  # tflops join the rows of steps with tokens
     for pm in (cached, by_name):  # the run's budget of open names all but used: over_* names are left out
         pm._names.update(f"log_taken_{n}" for n in range(MAX_OPEN_FIELDS_PER_RUN - 4))
     for i, rec in enumerate(recs):
-        if i == len(recs) // 2:  # the GPU's peak found: mfu joins the rows from now on
+        if i == len(recs) // 3:  # FLOPs per token known: tflops join the rows of steps with tokens
+            cached.mfu.fixed = by_name.mfu.fixed = 6e9
+        if i == 2 * len(recs) // 3:  # the GPU's peak found: mfu joins them too
             cached.mfu.peak = by_name.mfu.peak = 1e15
         got, want = cached.queued_row(as_queued(rec), OFFSET), by_name.step_row(rec, OFFSET, None)
         assert got[0].names == want[0].names and got[0].kinds == want[0].kinds

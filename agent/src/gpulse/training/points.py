@@ -123,27 +123,23 @@ class PointMaker:
         if in_flight is not None:
             layout |= 4
             values.append(in_flight if type(in_flight) is int else int(in_flight))
-        if samples and (type(samples) is not int or samples not in _INT64):
-            return self.step_row(StepRecord.queued(item), offset_ns, None)
-        if tokens and (type(tokens) is not int or tokens not in _INT64):
-            return self.step_row(StepRecord.queued(item), offset_ns, None)
+        if (samples and (type(samples) is not int or samples not in _INT64)) or (
+            tokens and (type(tokens) is not int or tokens not in _INT64)
+        ):
+            return self.step_row(StepRecord.queued(item), offset_ns, None)  # converted, or left out, there
         if logs:
             for value in logs.values():
                 if type(value) is not float or value - value != 0.0:  # converted, or left out, by step_row
                     return self.step_row(StepRecord.queued(item), offset_ns, None)
         dt = (t1 - t0) / 1e9
+        timed = dt > 0  # the rates need a duration
         if samples:
-            layout |= 8
-            values.append(samples)
-            if dt > 0:
-                layout |= 16
-                values.append(samples / dt)
+            layout |= 24 if timed else 8
+            values += (samples, samples / dt) if timed else (samples,)
         if tokens:
-            layout |= 32
-            values.append(tokens)
-            if dt > 0:
-                layout |= 64
-                values.append(tokens / dt)
+            layout |= 96 if timed else 32
+            values += (tokens, tokens / dt) if timed else (tokens,)
+            if timed:
                 mfu = self.mfu
                 rates = mfu.rates(tokens, samples, dt, self.gpus) if mfu.fixed or mfu.model is not None else None
                 if rates is not None:
