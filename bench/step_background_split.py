@@ -27,7 +27,7 @@ from gpulse.training import client, points, report, worker
 
 PARTS: list[tuple[type, str]] = [
     (worker.Worker, "_drain"),  # taking records off the queue: the rows, the report buffer, handing over
-    (points.PointMaker, "step_row"),  # a step's row
+    (points.PointMaker, "queued_row"),  # a step's row (the first of a layout made by step_row, inside it)
     (report.ReportBuffer, "add_rows"),
     (client.Client, "submit_rows"),
     (client.Client, "pump"),  # reading acks, sending (packing rows), recording what expired
@@ -54,7 +54,7 @@ def _timed(cls: type, name: str, spent: dict[str, int]) -> Callable[..., Any]:
 def main(reps: int) -> None:
     spent: dict[str, int] = defaultdict(int)
     for cls, name in PARTS:
-        if hasattr(cls, name):  # an older checkout lacks some (PointMaker.take before the C rows)
+        if hasattr(cls, name):  # an older checkout lacks some (PointMaker.queued_row before issue 26's cache)
             setattr(cls, name, _timed(cls, name, spent))
     steps = scale(1_500, 200)
     with tempfile.TemporaryDirectory() as tmp:

@@ -72,8 +72,8 @@ def test_the_background_split_names_every_part_for_both_cases(repo_root):
     assert out.returncode == 0, out.stderr[-3000:]
     cases = out.stdout.split("agent absent:")
     assert len(cases) == 2 and cases[0].startswith("agent listening:")
-    for case, parts in zip(cases, ({"PointMaker.step_row", "Client.submit_rows", "Client.read_acks"},
-                                   {"PointMaker.step_row", "Client._record"}), strict=True):  # fmt: skip
+    for case, parts in zip(cases, ({"PointMaker.queued_row", "Client.submit_rows", "Client.read_acks"},
+                                   {"PointMaker.queued_row", "Client._record"}), strict=True):  # fmt: skip
         figures = dict(line.split()[:2] for line in case.splitlines()[1:] if line.startswith("  "))
         assert parts <= set(figures), (parts, figures)
         assert all(float(v) > 0 for v in figures.values()), figures

@@ -17,7 +17,7 @@ import pytest
 import torch
 from training_support import Agent, recorded
 
-from gpulse.channel.protocol import KIND_FLOAT, RECORD_FILE, Point, StepRows
+from gpulse.channel.protocol import KIND_FLOAT, MAX_OPEN_FIELDS_PER_RUN, RECORD_FILE, Point, StepRows
 from gpulse.training import Run
 from gpulse.training.cuda import CudaDevice
 from gpulse.training.errors import Guard
@@ -142,6 +142,44 @@ def test_every_value_of_a_row_is_a_finite_number_of_the_kind_its_shape_says_what
             assert value - value == 0, (name, value)  # finite
         assert len(set(shape.names)) == len(shape.names)
     assert pm.guard.counts["not_an_integer"] > 0 and pm.guard.counts["nonfinite_value"] > 0
+
+
+def layout_record(rng: random.Random, i: int) -> StepRecord:
+    """A step of one of a few layouts (phases, logs, counts, memory, communication), now and then
+    with a value that needs converting or leaving out, or a name over the run's budget."""
+    rec = odd_record(rng, i) if rng.random() < 0.2 else plain(i, rng.choice([(), ("forward",), ("forward", "backward", "optimizer"), ("forward", "forward"), ("data copy", "data_copy")]))  # fmt: skip
+    if rng.random() < 0.3:
+        rec.memory, rec.comm_ns, rec.inflight_ns = (1, 2, 3, 4), rng.choice([None, 700]), rng.choice([None, 9])
+    if rng.random() < 0.1:
+        rec.t1_ns = rec.t0_ns  # no duration: no rates
+    if rng.random() < 0.4:  # samples or tokens only
+        rec.samples, rec.tokens = rng.choice([(None, rec.tokens), (rec.samples, None)])
+    if rng.random() < 0.2:
+        rec.logs = {
+            **(rec.logs or {}),
+            rng.choice(["lr", "grad norm", "grad_norm", f"over_{i % 7}"]): rng.choice([1e-4, 2.0]),
+        }
+    return rec
+
+
+def test_a_step_s_row_is_the_one_its_fields_make_name_by_name_whichever_layouts_came_before() -> None:
+    """``queued_row`` takes the shape of a layout it has seen from a cache; what it returns, and what
+    it reports, is what ``step_row`` makes of the same steps name by name."""
+    rng = random.Random(11)
+    recs = [layout_record(rng, i) for i in range(3000)]
+    cached, by_name = maker(), maker()
+    for pm in (cached, by_name):  # the run's budget of open names all but used: over_* names are left out
+        pm._names.update(f"log_taken_{n}" for n in range(MAX_OPEN_FIELDS_PER_RUN - 4))
+    for i, rec in enumerate(recs):
+        if i == len(recs) // 3:  # FLOPs per token known: tflops join the rows of steps with tokens
+            cached.mfu.fixed = by_name.mfu.fixed = 6e9
+        if i == 2 * len(recs) // 3:  # the GPU's peak found: mfu joins them too
+            cached.mfu.peak = by_name.mfu.peak = 1e15
+        got, want = cached.queued_row(as_queued(rec), OFFSET), by_name.step_row(rec, OFFSET, None)
+        assert got[0].names == want[0].names and got[0].kinds == want[0].kinds
+        assert got[1] == want[1] and list(map(type, got[1])) == list(map(type, want[1]))
+    assert cached.guard.counts == by_name.guard.counts and cached.guard.counts["too_many_open_fields"] > 100
+    assert len(cached._layouts) > 10  # most steps took a cached shape
 
 
 def test_a_plain_step_s_row_holds_its_times_counts_rates_and_phases_in_order() -> None:

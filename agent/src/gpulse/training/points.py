@@ -26,7 +26,7 @@ from gpulse.lineprotocol.limits import INT64_MAX, INT64_MIN
 from gpulse.training.cuda import CudaDevice
 from gpulse.training.errors import Guard
 from gpulse.training.mfu import Mfu
-from gpulse.training.step import StepRecord
+from gpulse.training.step import QueuedStep, StepRecord
 
 STANDARD_PHASES = ("forward", "backward", "optimizer")
 _MEMORY_FIELDS = ("mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes", "alloc_retries")
@@ -88,24 +88,106 @@ class PointMaker:
         self._names: set[str] = set()
         #: field names -> their shape (a run has a handful; more only with ever-changing log names)
         self._shapes: dict[tuple[str, ...], StepShape] = {}
+        #: a step's layout (:meth:`queued_row`) -> its shape, for layouts whose names all have fields
+        self._layouts: dict[tuple[int, tuple[Any, ...], tuple[str, ...]], StepShape] = {}
         #: a phase name (host times, GPU times) or a logged name -> its field name, for names already
         #: accepted (bounded together)
         self._cpu_keys: dict[str, str] = {}
         self._gpu_keys: dict[str, str] = {}
         self._log_keys: dict[str, str] = {}
 
+    def queued_row(self, item: QueuedStep, offset_ns: int) -> tuple[StepShape, tuple[int | float, ...]]:
+        """What :meth:`step_row` makes of the step ``item`` as the training thread queued it (without
+        GPU times), made faster for the steps a run repeats.
+
+        This runs once per step on the background thread. A step whose values need nothing done to
+        them (an ``int`` step number and counts, ``float`` logs) and whose layout (which fields it
+        has, its phase and log names) was seen before takes its shape from a cache keyed by that
+        layout and only gathers its values, in the order :meth:`step_row` puts them; any other
+        step, and the first of each layout, is made by :meth:`step_row`."""
+        (step, t0, t1, wait, samples, tokens, phases, _pairs, mem, comm, in_flight), logs = item
+        if type(step) is not int or step not in _INT64:
+            return self.step_row(StepRecord.queued(item), offset_ns, None)
+        values: list[Any] = [step, t0 + offset_ns, t1 + offset_ns, t1 - t0]
+        layout = 0  # which of the optional fields the step has, a bit each
+        if wait is not None:
+            layout = 1
+            values.append(wait if type(wait) is int else int(wait))
+        if phases:
+            if len(phases) & 1:  # not (name, ns) pairs: step_row says so
+                return self.step_row(StepRecord.queued(item), offset_ns, None)
+            values += phases[1::2]
+        if comm is not None:
+            layout |= 2
+            values.append(comm if type(comm) is int else int(comm))
+        if in_flight is not None:
+            layout |= 4
+            values.append(in_flight if type(in_flight) is int else int(in_flight))
+        if (samples and (type(samples) is not int or samples not in _INT64)) or (
+            tokens and (type(tokens) is not int or tokens not in _INT64)
+        ):
+            return self.step_row(StepRecord.queued(item), offset_ns, None)  # converted, or left out, there
+        if logs:
+            for value in logs.values():
+                if type(value) is not float or value - value != 0.0:  # converted, or left out, by step_row
+                    return self.step_row(StepRecord.queued(item), offset_ns, None)
+        dt = (t1 - t0) / 1e9
+        timed = dt > 0  # the rates need a duration
+        if samples:
+            layout |= 24 if timed else 8
+            values += (samples, samples / dt) if timed else (samples,)
+        if tokens:
+            layout |= 96 if timed else 32
+            values += (tokens, tokens / dt) if timed else (tokens,)
+            if timed:
+                mfu = self.mfu
+                rates = mfu.rates(tokens, samples, dt, self.gpus) if mfu.fixed or mfu.model is not None else None
+                if rates is not None:
+                    layout |= 128
+                    values.append(rates[0])
+                    if rates[1] is not None:
+                        layout |= 256
+                        values.append(rates[1])
+        if mem is not None:
+            layout |= 512
+            values += map(int, mem[:4])
+        if logs:
+            values += logs.values()
+        key = (layout, phases[::2], tuple(logs) if logs else ())
+        shape = self._layouts.get(key)
+        if shape is None:
+            return self._first_of_layout(key, item, offset_ns)
+        if shape.merge is not None:  # a name twice (a phase entered twice): one field
+            values = shape.merged(values)
+        values.append(t1 + offset_ns)  # the timestamp, last
+        return shape, tuple(values)
+
+    def _first_of_layout(
+        self, key: tuple[int, tuple[Any, ...], tuple[str, ...]], item: QueuedStep, offset_ns: int
+    ) -> tuple[StepShape, tuple[int | float, ...]]:
+        """The first step of a layout, made by :meth:`step_row`; its shape is kept for the layout
+        when every phase and log name of it has its field (a name over the run's budget is named
+        again for every step that has it, as :meth:`step_row` does)."""
+        shape, row = self.step_row(StepRecord.queued(item), offset_ns, None)
+        _, phase_names, log_names = key
+        if all(n in self._cpu_keys for n in phase_names) and all(n in self._log_keys for n in log_names):
+            if len(self._layouts) >= MAX_SHAPES:
+                self._layouts.clear()
+            self._layouts[key] = shape
+        return shape, row
+
     def step_row(
         self, rec: StepRecord, offset_ns: int, gpu_times: dict[str, float] | None
     ) -> tuple[StepShape, tuple[int | float, ...]]:
         """The ``train_step`` point of ``rec`` as a shape and a row (:class:`~gpulse.channel.protocol.StepRows`,
         the timestamp last); ``offset_ns`` turns ``perf_counter_ns`` into Unix ns: the one definition
-        of a step's fields.
+        of a step's fields (:meth:`queued_row` reuses the shapes it makes).
 
         Every value is a finite ``int`` or ``float`` of the kind the point's shape says (durations in
         integer nanoseconds): values the integrations or the user handed over in another type (a
         NumPy int, a tensor) are converted here, and a value that is not a number is left out and
-        named once. This runs once per step on the background thread: names are looked up in
-        caches, and the common cases (an ``int`` count, a ``float`` logged) take no call."""
+        named once. Names are looked up in caches, and the common cases (an ``int`` count, a
+        ``float`` logged) take no call."""
         t0, t1 = rec.t0_ns, rec.t1_ns
         step = rec.step
         if type(step) is int and step in _INT64:

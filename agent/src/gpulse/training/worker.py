@@ -156,7 +156,7 @@ class Worker:
         pending = self._pending_gpu
         now = time.monotonic()
         cuda_logs = self.steps.cuda.timer is not None  # only then can a logged value be a pending copy
-        step_row = self.points.step_row
+        queued_row = self.points.queued_row
         offset = self._offset_ns
         shape: StepShape | None = None
         rows: list[tuple[int | float, ...]] = []
@@ -165,11 +165,10 @@ class Worker:
             budget -= 1
             item = q.popleft()
             if type(item) is tuple:  # a step (StepRecorder.prepare); anything else is a point
-                rec = StepRecord.queued(item)
-                if rec.gpu_pairs or (cuda_logs and _has_cuda_logs(rec.logs)):
-                    pending.append((rec, now))
+                if item[0][7] or (cuda_logs and _has_cuda_logs(item[1])):  # GPU phase events, CUDA copies
+                    pending.append((StepRecord.queued(item), now))
                     continue
-                row_shape, row = step_row(rec, offset, None)
+                row_shape, row = queued_row(item, offset)
                 if row_shape is not shape:  # rows of one shape go together
                     self._send_rows(shape, rows, now)
                     shape, rows = row_shape, []
