@@ -53,6 +53,8 @@ def test_the_demo_shows_a_live_finding_raised_listed_and_cleared(clean_env: dict
     [(run, [finding])] = listing.items()
     assert finding["rule"] == "data_loading" and finding["state"] == "raised" and finding["run"] == run
     assert finding["case"] and finding["figure_ratio"] > 0.15
+    # the CPU-only run is listed among the agent's runs while it goes (its start point named its process)
+    assert f"    Runs: {run} (1 rank, no GPU registered)\n" in out
     # the run heard of it, and the window its raise asked for is in its report
     assert re.search(r"^    data_loading cleared, held steps \d+-\d+$", out, re.M)
     assert re.search(r"^    trace .*\.pt\.trace\.json\.gz$", out, re.M)

@@ -12,7 +12,7 @@ from agentproc import AgentProc
 from support.fixtures import gpulse_cmd
 from support.waiting import wait_until
 
-from gpulse.cli.commands.status import AgentUnreachable, query_status, render
+from gpulse.cli.commands.status import AgentUnreachable, query_status, render, run_summary
 
 
 def status_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -41,7 +41,7 @@ def test_status_prints_the_running_agents_view_as_text_and_as_json(clean_env: di
         assert agent.stop() == 0
     out = text.stdout
     assert "gpulse agent 0.1.0 on st-node" in out and "3 GPUs" in out and "lines/s" in out
-    assert "Runs registered: none" in out and f"Recording to: {record}" in out
+    assert "Runs: none" in out and f"Recording to: {record}" in out
     assert "Last successful write: 20" in out  # a date, not "never"
     # two status requests came before this one, and no training process ever ran: nothing was received
     assert "Training records: 0 received, 0 rejected" in out
@@ -87,3 +87,18 @@ def test_an_agent_too_busy_to_take_the_request_is_waited_for_then_named(tmp_path
                 flood.send(b"{}")
         with pytest.raises(AgentUnreachable, match=r"took no request within 0\.3s \(its queue is full\)"):
             query_status(path, timeout=0.3)
+
+
+def test_status_lists_every_run_it_hears_from_with_its_ranks_and_the_gpus_it_registered() -> None:
+    """A CPU-only run (or a GPU run before it registers) is a run too: ``gpulse status`` lists it."""
+    status = {
+        "training": [
+            {"run": "cpu-run", "rank": "0", "pid": 11},
+            {"run": "gpu-run", "rank": "0", "pid": 12},
+            {"run": "gpu-run", "rank": "1", "pid": 13},
+        ],
+        "gpus": [{"index": 0, "run": "gpu-run"}, {"index": 1, "run": "gpu-run"}, {"index": 2, "run": None}],
+    }
+    assert run_summary(status) == "cpu-run (1 rank, no GPU registered); gpu-run (2 ranks, GPU 0, 1)"
+    assert run_summary({"gpus": [{"index": 3, "run": "old-agent-run"}]}) == "old-agent-run (GPU 3)"
+    assert run_summary({}) == "none"

@@ -624,6 +624,10 @@ class Agent:
                 for g in self._gpus
             ],
             "runs": runs,
+            "training": [
+                {"run": run, "rank": rank, "pid": pid}
+                for run, rank, pid in (self.receiver.training_processes() if self.receiver is not None else [])
+            ],
             "findings": self.findings.open() if self.findings is not None else {},
             "samples": r.samples,
             "cycles_skipped": r.cycles_skipped,

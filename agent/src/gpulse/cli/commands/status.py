@@ -1,7 +1,7 @@
 """``gpulse status``: ask the running agent for its own view, over its training-channel socket.
 
 Sends a ``status`` request from a Linux abstract address (so the agent can answer without a file
-being created) and prints the ``status_reply``: GPUs, registered runs, lines/s, spool, last
+being created) and prints the ``status_reply``: GPUs, the runs it hears from, lines/s, spool, last
 successful write. ``--json`` prints the raw snapshot for scripts, and when no agent answers, ``{"error": ..., "fix": ...,
 "socket": ...}`` (exit status 1), so stdout is JSON either way. It asks only an agent socket the
 user can trust (the user's, root's, or one of ``--socket-group``: :mod:`gpulse.channel.trust`) and
@@ -103,8 +103,7 @@ def render(status: dict[str, Any]) -> str:
         flags = " LOST" if g.get("lost") else ""
         run = f"  run={g['run']}" if g.get("run") else ""
         lines.append(f"  {g.get('index')}: {g.get('model')}  {g.get('uuid')}{run}{flags}")
-    runs = sorted(set((status.get("runs") or {}).values()))
-    lines.append(f"Runs registered: {', '.join(runs) if runs else 'none'}")
+    lines.append(f"Runs: {run_summary(status)}")
     lines += finding_lines(status.get("findings") or {})
     lines.append(f"Database: {status.get('database') or 'none (recording only)'}")
     if status.get("record"):
@@ -151,6 +150,25 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else render(status))
     return 0
+
+
+def run_summary(status: dict[str, Any]) -> str:
+    """Each run the agent hears from, with its ranks and the GPUs it registered: a CPU-only run, or a
+    GPU run before its ranks register, is listed too (from the processes its start points named)."""
+    ranks: dict[str, set[str]] = {}
+    for p in status.get("training") or []:
+        ranks.setdefault(str(p.get("run")), set()).add(str(p.get("rank")))
+    gpus: dict[str, list[str]] = {}
+    for g in status.get("gpus") or []:
+        if g.get("run"):
+            gpus.setdefault(str(g["run"]), []).append(str(g.get("index")))
+            ranks.setdefault(str(g["run"]), set())
+    parts = []
+    for run in sorted(ranks):
+        n = len(ranks[run])
+        held = f"GPU {', '.join(gpus[run])}" if run in gpus else "no GPU registered"
+        parts.append(f"{run} ({n} rank{'' if n == 1 else 's'}, {held})" if n else f"{run} ({held})")
+    return "; ".join(parts) if parts else "none"
 
 
 def finding_lines(findings: dict[str, list[dict[str, Any]]]) -> list[str]:
