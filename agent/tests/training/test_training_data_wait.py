@@ -23,13 +23,12 @@ from gpulse.training.hf import GpulseCallback
 from gpulse.training.lightning import GpulseLightningCallback
 
 SEQ = 16
-#: Per item: long beside the framework's own CPU work in a step's wait (collation, the loader's
-#: look-ahead; about 5 ms, up to 23 ms measured on a contended 2-vCPU VM), so that "the wait is
-#: mostly loading" is about the loading; at 10 ms the Trainer's step 1 failed 0.8 there.
+#: Per item: longer than the slack below, so that a fetch outside the wait never counts as inside.
 FETCH_S = 0.03
-#: Sleeps where a misplaced wait would begin or end. Half of it bounds the framework's own CPU work in
-#: the wait: about 5 ms, 67 ms measured beside four busy loops on one core (where "at least 0.8 of
-#: the wait is loading" failed), so the bound holds on a loaded machine and still catches a mark.
+#: Sleeps where a misplaced wait would begin or end. Half of one bounds the framework's own CPU work
+#: in the wait (collation, the loader's look-ahead): a few ms on an idle machine, tens of ms on a
+#: loaded one, where a bound relative to the loading ("at least 0.8 of the wait") failed; a mark is
+#: far above either, so the bound holds under load and still catches a misplaced wait.
 MARK_S = 0.4
 #: The step's times reach the point through one perf_counter-to-Unix offset, read with two clock
 #: calls, and the last fetch ends about 1 ms before the step begins: a little slack at both ends.
