@@ -58,7 +58,9 @@ def wait_for(cond, timeout: float = 10.0) -> None:
 
 
 def test_batches_arrive_in_order_gzipped_with_token_org_bucket_and_ns_precision(fake, tmp_path):
-    d = delivery(fake, tmp_path, max_lines=500)
+    # flush() cuts; the long interval is the tolerance for "nothing spooled": a batch is spooled once it
+    # has waited one interval (the SIGKILL bound), which a 0.1 s interval on a loaded machine reaches
+    d = delivery(fake, tmp_path, max_lines=500, flush_interval=5.0)
     lines = [lp(i) for i in range(1200)]
     assert d.submit(lines) == 1200
     assert d.flush(10)
