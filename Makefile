@@ -10,7 +10,7 @@ help:
 	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
 	@echo "make test      install what the tests need (venv with CPU torch, influxd, chromium, node) and run them all"
 	@echo "make test-fast the unit and component tests only (no browser, Node, multi-process torch, wheel builds"
-	@echo "               or fresh clones; see agent/tests/support/lanes.py), for while you work: on every CPU (pytest-xdist)"
+	@echo "               or fresh clones; see agent/tests/support/lanes.py), for while you work: two workers a CPU (pytest-xdist)"
 	@echo "make demo      fill the stack with a simulated 8-GPU node and training run (no Docker: a local demo)"
 	@echo "make down      stop the stack (data stays in the Docker volumes)"
 	@echo "make backup-grafana  copy the grafana-data volume to backups/ (before a Grafana major upgrade)"
@@ -49,8 +49,11 @@ test: $(STAMP)
 
 # The fast lane: no ruff, no tools to install (influxd is the only program it starts); one pytest-xdist
 # worker per CPU (its tests take free ports and their own temp dirs, so they run side by side).
+# Two pytest-xdist workers a CPU: the lane waits on servers and subprocesses more than it computes.
+FAST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
+
 test-fast: $(STAMP)
-	$(PY) -m pytest --fast -q -n auto
+	$(PY) -m pytest --fast -q -n $(FAST_WORKERS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

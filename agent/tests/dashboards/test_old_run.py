@@ -39,9 +39,7 @@ def stack(influxdb_module: Any) -> dict[str, Any]:
     with pytest.raises(Exception, match="400"):
         influx.write(old)  # refused by raw: older than its retention
     write_to_1m_only(influx, old, old_start, now)
-    influx.write(
-        run_points(NEW, HOST, now - 660 * NS, 600)
-    )  # two 5-minute intervals at least: differences need two  # two 5-minute intervals at least: differences need two
+    influx.write(run_points(NEW, HOST, now - 660 * NS, 600))  # two 5-minute intervals at least: differences need two
     assert influx.rows(f'SELECT count("step_time_s") FROM "gpulse"."raw"."train_step" WHERE "run" = \'{OLD}\'') == []
     return {"influx": influx}
 
@@ -89,7 +87,12 @@ def test_a_gauges_peak_comes_from_its_max_column_in_the_1m_tier(stack: dict[str,
     """The 1m tier keeps a gauge's mean under its name: a peak read from it would be the mean's peak."""
     dash = training.build().to_json()
     variables = resolve_variables(stack["influx"], dash, RANGE, {"raw_retention": "1h", "run": OLD})
-    (q,) = [q for p, t, q in panel_queries(dash, variables, RANGE) if p["title"] == "Peak memory" and "1m" in q]
+    # the tier by its datasource, not by "1m" in the text: a time filter's epoch ms ("...861ms") holds "1m" too
+    (q,) = [
+        q
+        for p, t, q in panel_queries(dash, variables, RANGE)
+        if p["title"] == "Peak memory" and t["datasource"]["uid"] == DATASOURCE_UIDS["1m"]
+    ]
     assert 'max("mem_peak_bytes_max")' in q
     (res,) = stack["influx"].query(q, db="gpulse")["results"]
     assert res["series"][0]["values"][0][1] == 32 << 30  # the highest step's peak, not a per-minute mean
