@@ -497,8 +497,9 @@ class TrainingReceiver:
                 oldest = next(iter(self._started))
                 del self._started[oldest]
                 self.processes_evicted += 1
-                self._warn_once(
+                self._log_once(
                     "processes_evicted",
+                    logging.WARNING,
                     "training channel: more than %d processes named by runs' start points: run %s rank %s pid %d "
                     "(the oldest) is no longer sampled; further ones are only counted (training_processes_evicted)",
                     MAX_STARTED,
@@ -563,16 +564,14 @@ class TrainingReceiver:
                 MAX_OPEN_FIELDS_PER_RUN,
             )
 
-    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
-        """Log a bound reached the first time only (the channel is a leaf: no ``util.countlog`` here)."""
+    def _log_once(self, what: str, level: int, msg: str, *args: Any) -> None:
+        """Log ``what`` the first time only (the channel is a leaf: no ``util.countlog`` here)."""
         if what not in self._logged:
             self._logged.add(what)
-            log.warning(msg, *args)
+            log.log(level, msg, *args)
 
     def _count_once(self, what: str, detail: str) -> None:
-        if what not in self._logged:
-            self._logged.add(what)
-            log.error("training channel: %s: %s (logged once)", what, detail)
+        self._log_once(what, logging.ERROR, "training channel: %s: %s (logged once)", what, detail)
 
     def stats(self) -> dict[str, Any]:
         return {
