@@ -47,13 +47,14 @@ test: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest
 
-# The fast lane: no ruff, no tools to install (influxd is the only program it starts); one pytest-xdist
-# worker per CPU (its tests take free ports and their own temp dirs, so they run side by side).
-# Two pytest-xdist workers a CPU: the lane waits on servers and subprocesses more than it computes.
+# The fast lane: no ruff, no tools to install (influxd is the only program it starts); its tests take
+# free ports and their own temp dirs, so they run side by side. Two pytest-xdist workers a CPU: the
+# lane waits on servers and subprocesses more than it computes; work stealing, so that the few
+# tests of several seconds do not end the run on one worker while the others wait.
 FAST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
 
 test-fast: $(STAMP)
-	$(PY) -m pytest --fast -q -n $(FAST_WORKERS)
+	$(PY) -m pytest --fast -q -n $(FAST_WORKERS) --dist worksteal
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -13,7 +13,9 @@ the same datagrams from the same senders and decodes them with the standard libr
 header with ``json``, the rows with ``struct`` (their layout from the header's ``kinds``, as
 :func:`gpulse.channel.protocol.row_struct` defines it), counting every record; no validation,
 encoding or delivery. The two alternate, several rounds each (one agent started once and kept
-running, idle at 1 Hz between its rounds), and the ratio is of the medians.
+running, idle at 1 Hz between its rounds), and the ratio is of the medians. Its goal was set from
+the figures measured once the ratio existed (BENCHMARKS.md): a floor a little under the lowest of
+them, so that a change that slows the ingest shows, and not the machine's hour.
 """
 
 from __future__ import annotations
@@ -160,6 +162,10 @@ def _agent_rate(sock: str, per_sender: int) -> tuple[float, int]:
     return received / dt, _counted(sock)[1] - rejected_before
 
 
+#: ``ingest_ratio_vs_bare_recv`` at least (see the module's docstring).
+INGEST_RATIO_GOAL = 0.01
+
+
 def run(table: Table) -> dict[str, float]:
     per_sender = scale(60_000, 6_000)
     ours: list[float] = []
@@ -177,8 +183,8 @@ def run(table: Table) -> dict[str, float]:
         f"median of {len(ours)} rounds, {rejected} rejected)",
         f"{agent_rate:,.0f} ({min(ours):,.0f}-{max(ours):,.0f})",
         f"{bare_rate:,.0f} ({min(bare):,.0f}-{max(bare):,.0f}): recv + json header + struct rows, nothing else",
-        f"{agent_rate / bare_rate:.2f}",
-        ">= 100k/s",
+        f"{agent_rate / bare_rate:.3f}",
+        f">= {INGEST_RATIO_GOAL}",
     )
     return {"ingest_records_per_s": round(agent_rate), "ingest_ratio_vs_bare_recv": round(agent_rate / bare_rate, 3)}
 

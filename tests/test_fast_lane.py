@@ -78,7 +78,7 @@ def test_make_test_fast_runs_pytest_in_the_fast_lane() -> None:
         check=True,
     )
     workers = 2 * len(os.sched_getaffinity(0))  # two a CPU (nproc): the lane mostly waits on servers and subprocesses
-    assert plan.stdout.splitlines()[-1].endswith(f"-m pytest --fast -q -n {workers}"), plan.stdout
+    assert plan.stdout.splitlines()[-1].endswith(f"-m pytest --fast -q -n {workers} --dist worksteal"), plan.stdout
 
 
 def pytest_in(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -44,8 +44,10 @@ PRELOAD = (
 )
 
 FAKE_AGENT = """
-import json, os, socket, sys, time
+import json, os, signal, socket, sys, time
 os.setgid(GID); os.setuid(UID)
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
 directory = sys.argv[1]
 os.makedirs(directory, exist_ok=True)
 os.chmod(directory, 0o755)
@@ -56,7 +58,7 @@ print("ready", flush=True)
 s.settimeout(0.1)
 heard = []
 end = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
+while time.monotonic() < end and not stopped:
     try:
         data, addr = s.recvfrom(70000)
     except TimeoutError:
@@ -68,6 +70,12 @@ while time.monotonic() < end:
             s.sendto(json.dumps({"v": 1, "kind": "status_reply", "status": {"gpus": [{"model": "FAKE"}]}}).encode(), addr)
         elif "seq" in m:
             s.sendto(json.dumps({"v": 1, "kind": "ack", "upto": m["seq"], "host": "evil"}).encode(), addr)
+s.setblocking(False)
+while True:  # what arrived before SIGTERM and was not read yet
+    try:
+        heard.append(s.recv(70000).decode(errors="replace"))
+    except BlockingIOError:
+        break
 print(json.dumps(heard), flush=True)
 """
 
@@ -106,6 +114,7 @@ def clean_env() -> dict[str, str]:
 
 
 def start_fake_agent(squatter: pwd.struct_passwd, directory: str, seconds: float) -> subprocess.Popen[str]:
+    """A squatter's agent on ``directory`` that prints what it heard after ``seconds``, or at once on SIGTERM."""
     code = FAKE_AGENT.replace("GID", str(squatter.pw_gid)).replace("UID", str(squatter.pw_uid))
     proc = subprocess.Popen([sys.executable, "-c", code, directory, str(seconds)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -115,7 +124,7 @@ def start_fake_agent(squatter: pwd.struct_passwd, directory: str, seconds: float
 def test_a_run_never_sends_to_a_socket_directory_another_user_created(users, user_dir: Path) -> None:
     user, squatter = users
     squatted = f"/tmp/gpulse-{user.pw_uid}"
-    fake = start_fake_agent(squatter, squatted, seconds=8)
+    fake = start_fake_agent(squatter, squatted, seconds=60)
     try:
         train = become(
             user,
@@ -134,6 +143,7 @@ def test_a_run_never_sends_to_a_socket_directory_another_user_created(users, use
             [sys.executable, "-c", become(user, "sys.exit(gpulse.cli.main.main(['status']))")],
             env=clean_env(), capture_output=True, text=True, timeout=60,
         )  # fmt: skip
+        fake.terminate()  # both are done: whatever they sent has arrived
         heard = json.loads(fake.communicate(timeout=30)[0].splitlines()[-1])
     finally:
         fake.kill()
