@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -95,3 +96,25 @@ def test_the_memory_holders_driver_names_each_holder_bounded(repo_root):
     assert entries["registrations (channel/server.py)"] == entries["started processes (channel/server.py)"] == 20
     assert entries["host processes (sources/host.py)"] == 20
     assert "traced growth since the start" in out.stdout.split("after round 1:")[1]
+
+
+def test_the_ratios_driver_measures_the_tree_first_on_the_path_and_refuses_an_unknown_section(repo_root, tmp_path):
+    """``bench/ratios.py`` (BENCHMARKS.md's before-and-after rounds) measures whichever ``gpulse`` is first
+    on ``sys.path``, not the one beside it: a copy of the tree elsewhere is the one it names."""
+    copy = tmp_path / "checkout" / "agent" / "src"
+    shutil.copytree(repo_root / "agent" / "src", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    env.update(BENCH_QUICK="1", PYTHONPATH=str(copy))
+    out = subprocess.run(
+        [sys.executable, "ratios.py", "import"],
+        cwd=repo_root / "bench", env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = json.loads(out.stdout.strip().splitlines()[-1])
+    assert line["tree"] == str(copy)
+    assert line["import_ratio_vs_torch"] > 0 and line["training_import_ms"] > 0
+    bad = subprocess.run(
+        [sys.executable, "ratios.py", "cycle,nope"],
+        cwd=repo_root / "bench", env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "unknown section(s) ['nope']" in bad.stderr
