@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from common import REPO, Table, scale
 from support.influxd import InfluxDB1
@@ -183,7 +184,14 @@ def cycle_figures(n_gpus: int, src: Path, cycles: int = 60) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(interval: float, duration: float, tmp: Path, url: str) -> dict[str, float]:
+class AgentRun(NamedTuple):
+    """One agent child's figures per cycle (ms and counts), and its CPU per cycle by thread name (ms)."""
+
+    figures: dict[str, float]
+    threads_ms: dict[str, float]
+
+
+def measure(interval: float, duration: float, tmp: Path, url: str) -> AgentRun:
     code = _AGENT_CHILD.format(
         tests=str(REPO / "agent" / "tests"),
         url=url,
@@ -197,8 +205,7 @@ def measure(interval: float, duration: float, tmp: Path, url: str) -> dict[str, 
         raise RuntimeError(f"sampling child failed: {out.stderr[-2000:]}")
     r = json.loads(out.stdout.strip().splitlines()[-1])
     n = max(r["samples"], 1)
-    return {
-        **{f"thread_ms:{name}": ns / n / 1e6 for name, ns in r["threads_ns"].items()},
+    figures = {
         "agent_ms": (r["cpu_ns"] - r["nvml_ns"]) / n / 1e6,
         "nvml_ms": r["nvml_ns"] / n / 1e6,
         "total_ms": r["cpu_ns"] / n / 1e6,
@@ -206,6 +213,7 @@ def measure(interval: float, duration: float, tmp: Path, url: str) -> dict[str, 
         "samples": r["samples"],
         "skipped": r["skipped"],
     }
+    return AgentRun(figures, {name: ns / n / 1e6 for name, ns in r["threads_ns"].items()})
 
 
 def measure_bare(interval: float, cycles: int) -> dict[str, float]:
@@ -251,8 +259,14 @@ def run(table: Table) -> dict[str, float]:
     return out
 
 
+def against_bare(tmp: Path, url: str) -> tuple[AgentRun, dict[str, float]]:
+    """One round of ``cycle_cpu_ratio_vs_bare_nvml``: the agent at 1 Hz, then the plain loop over as many
+    cycles as the agent's steady-state window holds."""
+    return measure(1.0, scale(33, 9), tmp, url), measure_bare(1.0, scale(28, 4))
+
+
 def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
-    return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in runs[0]}
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 def _span(runs: list[dict[str, float]], key: str) -> str:
@@ -261,10 +275,8 @@ def _span(runs: list[dict[str, float]], key: str) -> str:
 
 def _both(table: Table, tmp: Path, url: str) -> dict[str, float]:
     out: dict[str, float] = {}
-    agents, bares = [], []
-    for _ in range(scale(3, 1)):  # alternately: the agent at 1 Hz, then the bare loop at 1 Hz
-        agents.append(measure(1.0, scale(33, 9), tmp, url))
-        bares.append(measure_bare(1.0, scale(28, 4)))  # the cycles in the agent's steady-state window
+    runs = [against_bare(tmp, url) for _ in range(scale(3, 1))]  # alternately, the agent then the plain loop
+    agents, bares = [a.figures for a, _ in runs], [b for _, b in runs]
     agent, bare = _medians(agents), _medians(bares)
     ratio = agent["total_ms"] / bare["total_ms"]
     table.add(
@@ -276,18 +288,15 @@ def _both(table: Table, tmp: Path, url: str) -> dict[str, float]:
         "<= 2.0",
     )
     out["cycle_cpu_ratio_vs_bare_nvml"] = round(ratio, 3)
-    threads = {
-        k.split(":", 1)[1]: statistics.median(r.get(k, 0.0) for r in agents)
-        for k in agents[0]
-        if k.startswith("thread_ms:")
-    }
+    names = {name for a, _ in runs for name in a.threads_ms}  # a thread missing from a run spent nothing there
+    threads = {name: statistics.median(a.threads_ms.get(name, 0.0) for a, _ in runs) for name in names}
     table.add(
         "the agent's CPU per cycle above by thread (median, ms): each wake-up of a thread costs it cold caches",
         ", ".join(f"{name} {ms:.3f}" for name, ms in sorted(threads.items(), key=lambda kv: -kv[1])),
         "the sampling thread (MainThread) makes the NVML calls the plain loop replays, and samples the host",
     )
     for hz, key in ((1, "cycle_cpu_ms_8gpu_1hz"), (10, "cycle_cpu_ms_8gpu_10hz")):
-        m = agent if hz == 1 else measure(1 / hz, scale(15, 6), tmp, url)
+        m = agent if hz == 1 else measure(1 / hz, scale(15, 6), tmp, url).figures
         table.add(
             f"agent CPU per cycle, 8 GPUs at {hz} Hz ({m['samples']:.0f} cycles, {m['skipped']:.0f} skipped), ms",
             f"{m['agent_ms']:.3f}",

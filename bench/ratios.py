@@ -28,7 +28,7 @@ SECTIONS = ("cycle", "step", "ingest", "import")
 
 
 def cycle() -> dict[str, float]:
-    """One agent run and one plain-loop run, as ``bench_sampling`` takes them for ``make bench``."""
+    """One round of ``make bench``'s agent-against-plain-loop comparison (``bench_sampling.against_bare``)."""
     import bench_sampling
     from support.influxd import InfluxDB1
 
@@ -36,14 +36,14 @@ def cycle() -> dict[str, float]:
         server = InfluxDB1(Path(tmp) / "influxd").start()
         server.create_database("gpulse")
         try:
-            agent = bench_sampling.measure(1.0, 33, Path(tmp), server.url)
-            bare = bench_sampling.measure_bare(1.0, 28)
+            agent, bare = bench_sampling.against_bare(Path(tmp), server.url)
         finally:
             server.stop()
+    ours, theirs = agent.figures["total_ms"], bare["total_ms"]
     return {
-        "agent_cpu_ms_per_cycle": round(agent["total_ms"], 3),
-        "bare_nvml_cpu_ms_per_cycle": round(bare["total_ms"], 3),
-        "cycle_cpu_ratio_vs_bare_nvml": round(agent["total_ms"] / bare["total_ms"], 3),
+        "agent_cpu_ms_per_cycle": round(ours, 3),
+        "bare_nvml_cpu_ms_per_cycle": round(theirs, 3),
+        "cycle_cpu_ratio_vs_bare_nvml": round(ours / theirs, 3),
     }
 
 
