@@ -7,7 +7,7 @@ STAMP := $(VENV)/.gpulse-installed
 .PHONY: help venv test test-fast lint format generate bench up down demo e2e gpu-check gpu-wheels clean backup-grafana
 
 help:
-	@echo "make up        start InfluxDB 2 + Grafana (docker compose) and the gpulse agent"
+	@echo "make up        start InfluxDB 2 (3 Core with GPULSE_INFLUX=v3) + Grafana (docker compose) and the gpulse agent"
 	@echo "make test      install what the tests need (venv with CPU torch, influxd, chromium, node) and run them all"
 	@echo "make test-fast the unit and component tests only (no browser, Node, multi-process torch, wheel builds"
 	@echo "               or fresh clones; see agent/tests/support/lanes.py), for while you work: two workers a CPU (pytest-xdist)"
