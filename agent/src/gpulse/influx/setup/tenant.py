@@ -37,6 +37,7 @@ from gpulse.influx.setup.v2 import (
     ensure_dbrps,
     ensure_tasks,
     find_org,
+    read_secret,
     write_secret,
 )
 from gpulse.influx.tiers import RAW
@@ -201,7 +202,7 @@ def _ensure_user(
     report: SetupReport,
 ) -> None:
     """A non-admin user with one grant on the tenant's database (1.x ``GRANT``, every retention policy)."""
-    text = path.read_text(encoding="utf-8").strip() if path.exists() else ""
+    text = read_secret(path)
     kept = text.partition(":")[2] if text.startswith(f"{user}:") else ""
     what = f"user {user} ({privilege} on {place.database}) in {path}"
     if exists and not kept and not rotate:

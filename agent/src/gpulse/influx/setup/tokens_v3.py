@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulse.influx.engine_plugin import database_name
 from gpulse.influx.setup.common import SetupError, SetupReport
-from gpulse.influx.setup.v2 import write_secret
+from gpulse.influx.setup.v2 import read_secret, write_secret
 from gpulse.influx.tiers import RAW, TIERS
 
 if TYPE_CHECKING:
@@ -122,8 +122,10 @@ def wanted_tokens(bucket: str, node_file: str | None, grafana_file: str | None) 
     ]  # fmt: skip
 
 
-def _held(path: Path) -> str:
-    return path.read_text(encoding="utf-8").strip() if path.exists() else ""
+def _file_holds(path: Path, listed: ListedToken) -> bool:
+    """Whether ``path`` holds the token the server lists (an empty or missing file holds none)."""
+    held = read_secret(path)
+    return bool(held) and listed.holds(held)
 
 
 def ensure_resource_tokens(
@@ -132,22 +134,18 @@ def ensure_resource_tokens(
     """Make each wanted token that is missing, expired, or (with ``rotate``) there; keep the others."""
     now = now or datetime.now(UTC)
     listed = {t.name: t for t in map(ListedToken.from_row, api.system(INTERNAL_DB, "tokens"))}
-    lost = [
-        t
-        for t in wanted
-        if t.path and t.name in listed and not rotate and not listed[t.name].expired(now)
-        and not (_held(t.path) and listed[t.name].holds(_held(t.path)))
-    ]  # fmt: skip
+    kept = {t.name for t in wanted if t.name in listed and not rotate and not listed[t.name].expired(now)}
+    lost = [t for t in wanted if t.path and t.name in kept and not _file_holds(t.path, listed[t.name])]
     if lost:
         raise SetupError(_lost_message(api.conn.url or "", lost))
     for t in wanted:
         if t.path is None:
             report.add("unchanged", f"{t.describe()}: not made, no {t.flag} given")
             continue
-        cur = listed.get(t.name)
-        if cur is not None and not rotate and not cur.expired(now):
+        if t.name in kept:
             report.add("unchanged", f"{t.describe()} in {t.path}")
             continue
+        cur = listed.get(t.name)
         if cur is not None:
             api.call("DELETE", DELETE_PATH, f"delete the previous token {t.name}", params={"token_name": t.name})
         body = {"token_name": t.name, "permissions": [p.json() for p in t.permissions]}

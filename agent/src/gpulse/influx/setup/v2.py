@@ -320,7 +320,7 @@ def ensure_grafana_token(
         return
     path = Path(token_file)
     names = [b.name for b in buckets.values()]
-    current = path.read_text(encoding="utf-8").strip() if path.exists() else ""
+    current = read_secret(path)
     if current and _token_reads(conn, current, org, names):
         report.add("unchanged", f"Grafana read-only token in {path}")
         return
@@ -339,6 +339,11 @@ def ensure_grafana_token(
     for auth_id in stale:
         api.call("DELETE", f"/api/v2/authorizations/{auth_id}", "delete the previous Grafana token")
         report.add("deleted", f"previous Grafana token {auth_id}")
+
+
+def read_secret(path: Path) -> str:
+    """What :func:`write_secret` wrote to ``path`` (stripped), or "" when there is no such file."""
+    return path.read_text(encoding="utf-8").strip() if path.exists() else ""
 
 
 def write_secret(path: Path, value: str) -> None:

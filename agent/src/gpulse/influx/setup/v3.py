@@ -36,7 +36,7 @@ from gpulse.influx.setup.tokens_v3 import (
     ensure_resource_tokens,
     wanted_tokens,
 )
-from gpulse.influx.setup.v2 import QUERY_TIMEOUT_S, AdminAPI, write_secret
+from gpulse.influx.setup.v2 import QUERY_TIMEOUT_S, AdminAPI, read_secret, write_secret
 from gpulse.influx.tiers import RAW, TIERS
 
 PLUGIN_FILE = Path(engine_plugin.PLUGIN_PATH).name
@@ -208,7 +208,7 @@ def ensure_admin_token_files(conn: Connection, files: dict[str, str | None], rep
             report.add("unchanged", f"{role} token (no {GRAFANA_FLAG} given)")
             continue
         path = Path(token_file)
-        current = path.read_text(encoding="utf-8").strip() if path.exists() else ""
+        current = read_secret(path)
         if current and _token_works(conn, current):
             report.add("unchanged", f"{role} token in {path}")
             continue
