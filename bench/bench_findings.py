@@ -15,15 +15,12 @@ beside the judging agent must have been told of a raised finding, and one beside
 from __future__ import annotations
 
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from common import REPO, Table, alternate, scale
+from common import Table, agent_beside, alternate, scale
 
 LIVE = ["--live-window-steps", "30", "--live-window-s", "2.5", "--live-every-s", "0.25"]
 _TRAINER = r"""
@@ -67,16 +64,9 @@ print(json.dumps({"wall_s": statistics.median(wall), "cpu_s": statistics.median(
 def _trained(tmp: Path, live: bool, steps: int) -> dict:
     """One agent (judging findings or not) beside one training run; the run's step figures."""
     sock = tmp / "agent.sock"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "agent" / "src"), env.get("PYTHONPATH", "")])
-    args = ["--simulate", "1", "--interval", "0.2", "--record", str(tmp / "rec.lp"), "--socket", str(sock)]
+    args = ["--simulate", "1", "--interval", "0.2", "--record", str(tmp / "rec.lp")]
     args += ["--spool-dir", str(tmp / "spool"), *(LIVE if live else ["--no-live-findings"])]
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "gpulse", "agent", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    try:
-        while not sock.exists():
-            time.sleep(0.05)
+    with agent_beside(sock, args, tmp / "agent.log") as env:
         done = subprocess.run(
             [sys.executable, "-c", _TRAINER, str(sock), str(tmp / "out"), str(steps)],
             env=env,
@@ -84,11 +74,7 @@ def _trained(tmp: Path, live: bool, steps: int) -> dict:
             text=True,
             timeout=600,
         )
-    finally:
-        agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert agent.returncode == 0, err.decode()[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if live:
         assert "data_loading" in result["told"], f"the agent raised no finding for the run: {result}"

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, Table, alternate, scale
+from common import Table, agent_beside, alternate, scale
 
 WORKERS = 4
 _TRAINER = r"""
@@ -38,36 +38,24 @@ time.sleep(3600)
 def _agent(tmp: Path, host: bool, seconds: float) -> dict[str, float]:
     """One agent run beside one trainer; its final summary."""
     sock = tmp / f"agent-{host}.sock"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "agent" / "src"), env.get("PYTHONPATH", "")])
-    args = ["--simulate", "8", "--interval", "0.1", "--record", str(tmp / "rec.lp"), "--socket", str(sock)]
+    args = ["--simulate", "8", "--interval", "0.1", "--record", str(tmp / "rec.lp")]
     args += ["--spool-dir", str(tmp / "spool"), *([] if host else ["--no-host-metrics"])]
     summary = tmp / f"summary-{host}.json"
     args += ["--summary-file", str(summary)]
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "gpulse", "agent", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    trainer = None
-    try:
-        while not sock.exists():
-            time.sleep(0.05)
-        code = _TRAINER.format(workers=WORKERS)
+    with agent_beside(sock, args, tmp / f"agent-{host}.log") as env:
         trainer = subprocess.Popen(
-            [sys.executable, "-c", code, str(sock), str(tmp / "out")],
+            [sys.executable, "-c", _TRAINER.format(workers=WORKERS), str(sock), str(tmp / "out")],
             env=env,
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,  # its own process group: the workers end with it
         )
-        assert trainer.stdout is not None and trainer.stdout.readline().strip() == "ready"
-        time.sleep(seconds)
-    finally:
-        agent.send_signal(signal.SIGTERM)
-        _, err = agent.communicate(timeout=60)
-        if trainer is not None:
+        try:
+            assert trainer.stdout is not None and trainer.stdout.readline().strip() == "ready"
+            time.sleep(seconds)
+        finally:
             os.killpg(trainer.pid, signal.SIGKILL)
             trainer.wait()
-    assert agent.returncode == 0, err.decode()[-2000:]
     final = json.loads(summary.read_text())
     points = final["points"]
     if host:

@@ -35,8 +35,6 @@ import gc
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from common import Table, scale
+from common import Table, agent_beside, scale
 
 from gpulse.training import Run
 
@@ -279,22 +277,11 @@ def overhead(socket_path: str, out: Path, steps: int, reps: int) -> Overhead:
 @contextmanager
 def listening_agent(tmp: str) -> Iterator[str]:
     """A real ``gpulse agent`` (one simulated GPU, recording to a file) for the time of the block;
-    yields its socket path once the socket exists (at most 30 s)."""
-    sock = os.path.join(tmp, "run", "agent.sock")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "gpulse", "agent", "--simulate", "1", "--interval", "1",
-         "--record", os.path.join(tmp, "agent.lp"), "--socket", sock, "--spool-dir", os.path.join(tmp, "spool")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(sock) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        yield sock
-    finally:
-        agent.terminate()
-        agent.wait(timeout=30)
+    yields its socket path once the socket exists."""
+    sock = Path(tmp, "run", "agent.sock")
+    args = ["--simulate", "1", "--interval", "1", "--record", os.path.join(tmp, "agent.lp")]
+    with agent_beside(sock, [*args, "--spool-dir", os.path.join(tmp, "spool")], Path(tmp, "agent.log")):
+        yield str(sock)
 
 
 def run(table: Table) -> dict[str, float]:

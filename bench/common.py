@@ -7,13 +7,18 @@ and each gpulse figure is printed beside a baseline measured in the same run.
 from __future__ import annotations
 
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
+
+import gpulse
 
 T = TypeVar("T")
 
@@ -48,6 +53,34 @@ def alternate(reps: int, measure: Callable[[Path, bool], T]) -> tuple[list[T], l
                 tmp.mkdir()
                 (on if flag else off).append(measure(tmp, flag))
     return on, off
+
+
+@contextmanager
+def agent_beside(sock: Path, args: list[str], log: Path) -> Iterator[dict[str, str]]:
+    """A real ``gpulse agent --socket SOCK ARGS`` for the time of the block, of the gpulse this bench imports
+    (so that ``bench/ratios.py`` measures one tree throughout), its log in ``log``.
+
+    Yields the environment for what runs beside it once its socket exists; fails with the log's end if
+    the agent ends first or the socket takes over 30 s. On leaving, SIGTERM, and it must exit 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULSE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(gpulse.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    with open(log, "wb") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "gpulse", "agent", "--socket", str(sock), *args],
+            env=env, stdout=subprocess.DEVNULL, stderr=out,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                if agent.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the agent did not open {sock}: {log.read_text()[-2000:]}")
+                time.sleep(0.05)
+            yield env
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=60)
+    if agent.returncode != 0:
+        raise RuntimeError(f"the agent exited {agent.returncode}: {log.read_text()[-2000:]}")
 
 
 def timed(fn: Callable[[], object]) -> float:
