@@ -11,8 +11,9 @@ import pytest
 from gpulse.agent.status_line import StatusLine, format_status, human_age, human_bytes
 
 SNAPSHOT = {
-    "gpus": [{"index": i, "lost": i == 3} for i in range(4)],
-    "runs": {"GPU-a": "run-1", "GPU-b": "run-1"},
+    "gpus": [{"index": i, "uuid": f"GPU-{i}", "lost": i == 3, "run": "run-1" if i < 2 else None} for i in range(4)],
+    "runs": {"GPU-0": "run-1", "GPU-1": "run-1"},
+    "training": [{"run": "run-1", "rank": "0", "pid": 10}, {"run": "run-1", "rank": "1", "pid": 11}],
     "lines_per_s": 41.6,
     "spool_bytes": 3 * 1024 * 1024,
     "lines_dropped": 0,

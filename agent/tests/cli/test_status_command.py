@@ -12,6 +12,7 @@ from agentproc import AgentProc
 from support.fixtures import gpulse_cmd
 from support.waiting import wait_until
 
+from gpulse.agent.status_line import format_status
 from gpulse.cli.commands.status import AgentUnreachable, query_status, render, run_summary
 
 
@@ -102,3 +103,19 @@ def test_status_lists_every_run_it_hears_from_with_its_ranks_and_the_gpus_it_reg
     assert run_summary(status) == "cpu-run (1 rank, no GPU registered); gpu-run (2 ranks, GPU 0, 1)"
     assert run_summary({"gpus": [{"index": 3, "run": "old-agent-run"}]}) == "old-agent-run (GPU 3)"
     assert run_summary({}) == "none"
+
+
+def test_the_headline_counts_the_runs_the_runs_line_lists() -> None:
+    """A CPU-only run is counted in the headline as it is listed below it (they once said 1 and listed 2)."""
+    status = {
+        "gpus": [{"index": 0, "uuid": "GPU-0", "model": "A100", "lost": False, "run": "g"}],
+        "runs": {"GPU-0": "g"},
+        "training": [{"run": "cpu", "rank": "0", "pid": 11}, {"run": "g", "rank": "0", "pid": 12}],
+        "lines_per_s": 10.0,
+    }
+    page = render(status)
+    print(page)
+    headline, runs_line = page.splitlines()[1], next(x for x in page.splitlines() if x.startswith("Runs: "))
+    assert headline.startswith("1 GPU, 2 run(s) | ")
+    assert runs_line == "Runs: cpu (1 rank, no GPU registered); g (1 rank, GPU 0)"
+    assert format_status(status) == headline

@@ -38,13 +38,24 @@ def human_age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def heard_runs(s: Mapping[str, Any]) -> set[str]:
+    """The runs the agent hears from: those of its training processes and those holding a GPU.
+
+    A CPU-only run, or a GPU run before its ranks register, counts too; the headline and the
+    ``Runs:`` line of ``gpulse status`` both use this, so they never disagree.
+    """
+    runs = {str(p.get("run")) for p in s.get("training") or []}
+    runs.update(str(g["run"]) for g in s.get("gpus") or [] if g.get("run"))
+    return runs
+
+
 def format_status(s: Mapping[str, Any]) -> str:
     """The one-line text for a status snapshot (also used by ``gpulse status``)."""
     gpus = s.get("gpus") or []
     lost = sum(1 for g in gpus if g.get("lost"))
     gpu_text = f"{len(gpus)} GPU" + ("s" if len(gpus) != 1 else "") + (f" ({lost} lost)" if lost else "")
-    runs = s.get("runs") or {}
-    run_text = f", {len(set(runs.values()))} run(s)" if runs else ""
+    runs = heard_runs(s)
+    run_text = f", {len(runs)} run(s)" if runs else ""
     spool = s.get("spool_bytes") or 0
     spool_text = f"spool {human_bytes(spool)}" if spool else "spool empty"
     dropped = s.get("lines_dropped") or 0

@@ -153,16 +153,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_summary(status: dict[str, Any]) -> str:
-    """Each run the agent hears from, with its ranks and the GPUs it registered: a CPU-only run, or a
-    GPU run before its ranks register, is listed too (from the processes its start points named)."""
-    ranks: dict[str, set[str]] = {}
+    """Each run the agent hears from (:func:`~gpulse.agent.status_line.heard_runs`, the runs the headline
+    counts), with its ranks and the GPUs it registered: a CPU-only run, or a GPU run before its ranks
+    register, is listed too (from the processes its start points named)."""
+    from gpulse.agent.status_line import heard_runs
+
+    ranks: dict[str, set[str]] = {run: set() for run in heard_runs(status)}
     for p in status.get("training") or []:
-        ranks.setdefault(str(p.get("run")), set()).add(str(p.get("rank")))
+        ranks[str(p.get("run"))].add(str(p.get("rank")))
     gpus: dict[str, list[str]] = {}
     for g in status.get("gpus") or []:
         if g.get("run"):
             gpus.setdefault(str(g["run"]), []).append(str(g.get("index")))
-            ranks.setdefault(str(g["run"]), set())
     parts = []
     for run in sorted(ranks):
         n = len(ranks[run])
