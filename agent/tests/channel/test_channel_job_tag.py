@@ -121,6 +121,22 @@ def test_a_rank_cannot_name_the_account_by_which_tenants_are_routed():
     assert sent.lines == [] and rx.rejected["reserved_tag"] == 2
 
 
+def test_a_start_point_that_gives_its_rank_a_job_counts_its_dropped_fields_once():
+    """The start point is tagged again with the job it just gave its rank; its fields are not checked twice."""
+    sent = Submitted()
+    rx = TrainingReceiver("/nonexistent/agent.sock", "node1", sent, attribute=lambda pid: {"job": "777"})
+    point = protocol.Point(
+        "train_run",
+        time.time_ns(),
+        tags("0"),
+        {"event": "start", "status": "running", "name": "r", "pid": os.getpid(), "bogus": 1},
+        1,
+    )
+    rx.handle_datagram(protocol.encode(point))
+    assert [parse_line(line).tags.get("job") for line in sent.lines] == ["777"]
+    assert rx.stats()["values_dropped_by_cause"] == {"unknown_field": 1}
+
+
 @pytest.mark.skipif(cgroups.unavailable() is not None, reason=str(cgroups.unavailable()))
 def test_from_its_start_point_a_ranks_points_carry_the_job_and_account_of_its_process_as_the_kernel_names_them():
     tree = cgroups.CgroupTree()

@@ -21,6 +21,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+# Runs judged at once: as many as the channel's validator remembers; a step of a further run
+# evicts the run that stepped least recently (bounded memory).
+from gpulse.channel.validate import MAX_RUNS
 from gpulse.report.live import FindingState, LiveFinding, LiveWindow, RollingFindings
 from gpulse.util.countlog import CountedLog
 
@@ -28,9 +31,6 @@ log = logging.getLogger("gpulse.agent.findings")
 
 #: A run silent this long is forgotten (a crash without an end point).
 IDLE_RUN_S = 600.0
-#: Runs judged at once (as many as the channel's validator remembers); a step of a further run
-#: evicts the run that stepped least recently (bounded memory).
-MAX_RUNS = 32
 
 
 class LiveFindings:

@@ -291,7 +291,7 @@ class TrainingReceiver:
             self.records_received += 1
             if type(msg) is CheckedPoint:
                 if self._note_start(raw, msg):  # its process's job is known now: this point carries it too
-                    msg = self._checked_again(raw, msg, now_ns)
+                    msg = self._validator.reseries(raw, msg)
                 line = self._encoder.line(msg.series, msg.fields, msg.ts)
                 if line is not None:
                     lines.append(line)
@@ -520,14 +520,6 @@ class TrainingReceiver:
             self._count_once("attribute_failed", repr(e))
             return False
         return tags is not None and self._validator.set_rank_attribution(run, rank, tags)
-
-    def _checked_again(self, raw: Any, msg: CheckedPoint, now_ns: int) -> CheckedPoint:
-        """``raw`` checked again after its rank's tags changed (it passed once: it passes again)."""
-        try:
-            again = self._validator.message(raw, now_ns)
-        except Rejected:
-            return msg
-        return again if type(again) is CheckedPoint else msg
 
     def _show(self, raw: Any, msg: CheckedPoint) -> None:
         """Hand a training point to the observer; its failure is counted, never the channel's."""

@@ -257,6 +257,13 @@ class Validator:
             raise Rejected("no_valid_fields")
         return CheckedPoint(series, clean, ts, seq, run)
 
+    def reseries(self, msg: Mapping[str, Any], point: CheckedPoint) -> CheckedPoint:
+        """``point`` (checked from ``msg``) with its series made again, after its rank's job tags changed.
+
+        Only the tags are checked again: its fields were counted once, when ``point`` was checked."""
+        m = schema.MEASUREMENTS[point.series.measurement]
+        return CheckedPoint(self._series(m, msg["tags"])[2], point.fields, point.ts, point.seq, point.run)
+
     def _series(self, m: schema.Measurement, tags: Any) -> tuple[str, _RunState, Series]:
         """The run, its state and the series of a tag set: checked once, then remembered (bounded)."""
         try:

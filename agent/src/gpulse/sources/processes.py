@@ -228,9 +228,7 @@ class ProcessDescriber:
         start = self._start_time(base) if pid > 0 else None
         if start is None:
             return None
-        d = self._cache.get((pid, start))
-        job = d.job if d is not None else self._job(pid, self._read(f"{base}/cgroup") or "", self._user(base))
-        return job_tags(job, None)
+        return job_tags(self._job(pid, self._read(f"{base}/cgroup") or "", self._user(base)), None)
 
     @staticmethod
     def _read(path: str) -> str | None:
