@@ -134,3 +134,39 @@ def test_an_org_someone_else_made_gets_the_admin_as_its_admin_before_anything_is
     assert theirs.members == {"ops": "Admin", "admin": "Admin"}
     assert set(theirs.datasources) == set(DATASOURCE_UIDS.values())
     assert grafana.org("speech").members["admin"] == "Admin"  # a Viewer could write nothing there
+
+
+def test_the_stand_in_refuses_to_demote_an_orgs_last_admin_as_grafana_does():
+    """``updateOrgUserHelper``: 400 for the last Admin, the role kept; 500 for a non-member or an unknown org."""
+    import base64
+    import json
+    import urllib.error
+    import urllib.request
+
+    def patch(url: str, role: str) -> tuple[int, dict]:
+        req = urllib.request.Request(
+            url, method="PATCH", data=json.dumps({"role": role}).encode(),
+            headers={"Authorization": "Basic " + base64.b64encode(b"admin:admin-pw").decode(),
+                     "Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    with FakeGrafana(admin_password="admin-pw") as grafana:
+        ops, dev = grafana.add_user("ops", "ops-pw"), grafana.add_user("dev", "dev-pw")
+        org = grafana.add_org("vision", {"ops": "Admin", "dev": "Viewer"})
+        users = f"{grafana.url}/api/orgs/{org.id}/users"
+        assert patch(f"{users}/{ops.id}", "Editor") == (
+            400, {"message": "Cannot change role so that there is no organization admin left"}
+        )  # fmt: skip
+        assert org.members["ops"] == "Admin"
+        assert patch(f"{users}/1", "Viewer") == (500, {"message": "Failed update org user"})  # admin: no member
+        assert patch(f"{grafana.url}/api/orgs/999/users/{ops.id}", "Viewer") == (
+            500, {"message": "Failed update org user"}
+        )  # fmt: skip
+        assert patch(f"{users}/{dev.id}", "Admin")[0] == 200
+        assert patch(f"{users}/{ops.id}", "Editor")[0] == 200  # dev is an Admin now
+    assert org.members == {"ops": "Editor", "dev": "Admin"}

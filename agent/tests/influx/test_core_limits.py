@@ -8,12 +8,17 @@ holds is read from the schema and the downsampling plugin's generator, the sourc
 
 from __future__ import annotations
 
+from support.fake_influx_v3 import COLUMN_LIMIT as CORE_COLUMNS
+from support.fake_influx_v3 import DB_LIMIT
+
 from gpulse.agent.connection_config import resolve_connection
 from gpulse.influx import engine_plugin
 from gpulse.influx.tiers import TIERS
 from gpulse.schema import MEASUREMENTS
 
-CORE_DATABASES, CORE_TABLES, CORE_COLUMNS = 5, 2000, 500
+CORE_DATABASES = DB_LIMIT["core"]
+#: the stand-in does not model the table limit
+CORE_TABLES = 2000
 
 
 def _columns(tier: str) -> dict[str, int]:

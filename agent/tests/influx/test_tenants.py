@@ -157,16 +157,6 @@ def test_a_tenant_name_that_cannot_be_a_bucket_user_and_org_name_is_refused(v2, 
 
 
 # -- InfluxDB 1.x: a real influxd 1.6.7 with authentication ----------------------------------------
-@pytest.fixture
-def v1(tmp_path):
-    s = InfluxDB1(tmp_path / "influxd", auth=True).start()
-    s.query("CREATE USER admin WITH PASSWORD 'admin-pw' WITH ALL PRIVILEGES")  # the first user needs no auth
-    (tmp_path / "admin-token").write_text("admin:admin-pw\n")
-    (tmp_path / "admin-token").chmod(0o600)
-    yield s
-    s.stop()
-
-
 def setup_v1_tenant(s: InfluxDB1, tmp_path: Path, env, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
     args = ("setup", "--api", "v1", "--url", s.url, "--token-file", str(tmp_path / "admin-token"))
     cmd = gpulse_cmd(*args, "--tenant", name, "--secrets-dir", str(tmp_path / "secrets"), *extra)
@@ -181,7 +171,8 @@ def v1_write(s: InfluxDB1, credentials: str, db: str) -> tuple[int, str]:
     return http(f"{s.url}/write?db={db}&precision=n", auth=basic(credentials), data=f"gpu,gpu=0 util=1 {T0}".encode())
 
 
-def test_v1_tenants_get_a_database_and_users_that_reach_only_it(v1, tmp_path, clean_env):
+def test_v1_tenants_get_a_database_and_users_that_reach_only_it(influxdb_auth, tmp_path, clean_env):
+    v1 = influxdb_auth
     for name in ("vision", "speech"):
         run = setup_v1_tenant(v1, tmp_path, clean_env, name)
         assert run.returncode == 0, run.stderr
@@ -216,7 +207,10 @@ def test_v1_tenants_get_a_database_and_users_that_reach_only_it(v1, tmp_path, cl
     assert writer_reads["status"] == 403 and writer_reads["error"].endswith("requires READ on gpulse_vision")
 
 
-def test_a_second_v1_run_keeps_the_passwords_and_a_lost_file_needs_the_rotate_command(v1, tmp_path, clean_env):
+def test_a_second_v1_run_keeps_the_passwords_and_a_lost_file_needs_the_rotate_command(
+    influxdb_auth, tmp_path, clean_env
+):
+    v1 = influxdb_auth
     assert setup_v1_tenant(v1, tmp_path, clean_env, "vision").returncode == 0
     folder = tmp_path / "secrets" / "tenants" / "vision"
     before = secret(folder / WRITE_FILE)
@@ -231,7 +225,8 @@ def test_a_second_v1_run_keeps_the_passwords_and_a_lost_file_needs_the_rotate_co
     assert v1_write(v1, before, "gpulse_vision")[0] == 401  # the old password no longer works
 
 
-def test_run_downsampling_with_a_tenant_fills_the_tenants_tiers_not_the_fleets(v1, tmp_path, clean_env):
+def test_run_downsampling_with_a_tenant_fills_the_tenants_tiers_not_the_fleets(influxdb_auth, tmp_path, clean_env):
+    v1 = influxdb_auth
     assert setup_v1_tenant(v1, tmp_path, clean_env, "vision").returncode == 0
     writer = secret(tmp_path / "secrets" / "tenants" / "vision" / WRITE_FILE)
     minute = T0 // (60 * 10**9) * 60 * 10**9 - 120 * 10**9  # a whole minute, two minutes ago

@@ -58,16 +58,6 @@ def test_a_refused_line_is_named_by_its_place_in_the_batch_not_in_the_tenants_pa
     assert e.value.bad_lines == (3,)  # the server named the 2nd line it was sent
 
 
-@pytest.fixture
-def server(tmp_path):
-    s = InfluxDB1(tmp_path / "influxd", auth=True).start()
-    s.query("CREATE USER admin WITH PASSWORD 'admin-pw' WITH ALL PRIVILEGES")
-    (tmp_path / "admin-token").write_text("admin:admin-pw\n")
-    (tmp_path / "admin-token").chmod(0o600)
-    yield s
-    s.stop()
-
-
 def write_config(tmp_path: Path, s: InfluxDB1, token: Path, routes: str) -> Path:
     cfg = tmp_path / "gpulse.toml"
     cfg.write_text(
@@ -78,8 +68,9 @@ def write_config(tmp_path: Path, s: InfluxDB1, token: Path, routes: str) -> Path
 
 
 def test_the_agents_delivery_sends_a_tenants_job_to_its_database_and_node_samples_to_the_fleets(
-    server, tmp_path, clean_env
+    influxdb_auth, tmp_path, clean_env
 ):
+    server = influxdb_auth
     setup = ("setup", "--api", "v1", "--url", server.url, "--token-file", str(tmp_path / "admin-token"))
     for extra in ((), ("--tenant", "vision", "--secrets-dir", str(tmp_path / "secrets"))):
         run = subprocess.run(gpulse_cmd(*setup, *extra), env=clean_env, capture_output=True, text=True, timeout=60)

@@ -27,13 +27,23 @@ named below for the answer. Every refusal is as strict as Grafana's.
 * ``POST /api/orgs`` (``org.go`` ``CreateOrg``): 200 ``{"message":"Organization created","orgId"}``, the
   creator becoming the new org's Admin (``CreateWithMember``); a taken name 409 ``{"message":
   "Organization name taken"}``.
+* An org id in the path that no org has is not refused by the middleware: a user who is a member of
+  no such org is authorized on their global permissions (``authorizeInOrg``), which a server admin's
+  hold. The handlers then answer from the store as for an org with no members (below).
 * ``GET /api/orgs/:orgId/users`` (``pkg/api/org_users.go`` ``GetOrgUsers``): 200, a list of ``{"orgId",
-  "userId","login","email","name","role"}``.
-* ``POST /api/orgs/:orgId/users`` (``AddOrgUser``): 200 ``{"message":"User added to organization",
-  "userId"}``; 409 ``{"message":"User is already member of this organization","userId"}``; 404
-  ``{"message":"User not found"}``; 400 ``{"message":"Invalid role specified"}``.
-* ``PATCH /api/orgs/:orgId/users/:userId`` (``UpdateOrgUser``): 200 ``{"message":"Organization user
-  updated"}``; 400 for an invalid role.
+  "userId","login","email","name","role"}`` (empty for an unknown org: the store selects ``org_user``
+  rows by org id).
+* ``POST /api/orgs/:orgId/users`` (``AddOrgUser``, ``addOrgUserHelper``): 200 ``{"message":"User added
+  to organization","userId"}``; 409 ``{"message":"User is already member of this organization","userId"}``;
+  404 ``{"message":"User not found"}``; 400 ``{"message":"Invalid role specified"}``; an unknown org 500
+  ``{"message":"Could not add user to organization"}`` (``pkg/services/org/orgimpl/store.go``
+  ``AddOrgUser`` returns ``ErrOrgNotFound``, which the handler does not map).
+* ``PATCH /api/orgs/:orgId/users/:userId`` (``UpdateOrgUser``, ``updateOrgUserHelper``): 200
+  ``{"message":"Organization user updated"}``; 400 for an invalid role; a user who is not a member of
+  the org, or an unknown org, 500 ``{"message":"Failed update org user"}`` (the store's ``UpdateOrgUser``
+  returns ``ErrOrgUserNotFound``, which the handler does not map); demoting the org's last Admin 400
+  ``{"message":"Cannot change role so that there is no organization admin left"}`` (the store's
+  ``validateOneAdminLeftInOrg`` returns ``ErrLastOrgAdmin`` and the update is rolled back).
 * ``GET /api/datasources/uid/:uid`` (``pkg/api/datasources.go`` ``GetDataSourceByUID``): 200 the
   datasource with ``secureJsonFields`` (``{key: true}``), never a secret; 404 ``{"message":"Data
   source not found"}``.
@@ -75,7 +85,8 @@ from typing import Any
 
 DATASOURCE_KEYS = ("name", "type", "access", "url", "user", "database", "basicAuth", "isDefault", "jsonData", "uid")
 ROLES = ("Viewer", "Editor", "Admin")
-#: What each basic role may do in its org (``pkg/services/accesscontrol`` fixed roles, granted per basic role).
+#: What each basic role may do in its org (``pkg/api/accesscontrol.go`` ``declareFixedRoles``: the fixed roles
+#: and the basic roles they are granted to).
 ROLE_ACTIONS = {
     "Admin": {"datasources:read", "datasources:create", "datasources:write", "dashboards:read", "dashboards:create",
               "dashboards:write"},
@@ -226,18 +237,20 @@ class FakeGrafana:
             new = self.add_org(body["name"], {user.login: "Admin"})
             return 200, {"message": "Organization created", "orgId": new.id}
         if len(rest) >= 2 and rest[1] == "users" and rest[0].isdigit():
-            return self._org_users(method, rest[2:], self.orgs.get(int(rest[0])), user, body)
+            return self._org_users(method, rest[2:], int(rest[0]), self.orgs.get(int(rest[0])), user, body)
         raise error(404, "Not found")
 
-    def _org_users(self, method: str, rest: list[str], org: Org | None, user: User, body: Any) -> tuple[int, Any]:
+    def _org_users(
+        self, method: str, rest: list[str], org_id: int, org: Org | None, user: User, body: Any
+    ) -> tuple[int, Any]:
+        """An unknown org (``org`` None) is answered as the store answers it: an org with no members."""
         held = SERVER_ADMIN_IN_ORG if user.server_admin else set()
-        if org is None:
-            raise error(404, "Not found")
+        members = org.members if org is not None else {}
         if method == "GET" and not rest:
             self._need("org.users:read", held)
             return 200, [
-                {"orgId": org.id, "userId": u.id, "login": u.login, "email": "", "name": u.login, "role": role}
-                for login, role in org.members.items()
+                {"orgId": org_id, "userId": u.id, "login": u.login, "email": "", "name": u.login, "role": role}
+                for login, role in members.items()
                 for u in [self.users[login]]
             ]
         if method == "POST" and not rest:
@@ -247,8 +260,10 @@ class FakeGrafana:
             added = self.users.get(body.get("loginOrEmail", ""))
             if added is None:
                 raise error(404, "User not found")
-            if added.login in org.members:
+            if added.login in members:
                 raise error(409, "User is already member of this organization", userId=added.id)
+            if org is None:
+                raise error(500, "Could not add user to organization")
             org.members[added.login] = body["role"]
             return 200, {"message": "User added to organization", "userId": added.id}
         if method == "PATCH" and len(rest) == 1 and rest[0].isdigit():
@@ -256,8 +271,10 @@ class FakeGrafana:
             if body.get("role") not in ROLES:
                 raise error(400, "Invalid role specified")
             login = next((u.login for u in self.users.values() if u.id == int(rest[0])), None)
-            if login is None or login not in org.members:
+            if org is None or login is None or login not in org.members:
                 raise error(500, "Failed update org user")
+            if body["role"] != "Admin" and [m for m, r in org.members.items() if r == "Admin"] == [login]:
+                raise error(400, "Cannot change role so that there is no organization admin left")
             org.members[login] = body["role"]
             return 200, {"message": "Organization user updated"}
         raise error(404, "Not found")
