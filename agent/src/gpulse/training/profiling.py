@@ -145,8 +145,6 @@ class ProfileWindow:
         self.per_rule_s = per_rule_s
         self.mark = mark
         self.clock = clock
-        #: finished windows, in order (``metrics_report.json``'s ``profiles``)
-        self.profiles: list[Profile] = []
         #: called with each finished :class:`Profile`, on the thread that read it back
         self.on_profile: list[Callable[[Profile], None]] = []
         self._lock = threading.Lock()
@@ -274,7 +272,6 @@ class ProfileWindow:
             profile.pyspy = "\n\n".join(dumps + problems)
             if dumps:
                 profile.pyspy_path = _save_dump(profile.path, profile.pyspy, self.guard)
-        self.profiles.append(profile)
         try:
             if self.mark is not None:
                 self.mark(profile.text(), profile.point_json())
