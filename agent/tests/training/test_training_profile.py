@@ -28,7 +28,8 @@ from gpulse.training.profiling import (
     Profile,
     ProfileWindow,
     child_pids,
-    pyspy_dump,
+    pyspy_dumps,
+    pyspy_text,
 )
 from gpulse.training.step import StepRecorder
 from gpulse.training.trace_summary import load_trace, summarise
@@ -237,7 +238,7 @@ def test_py_spy_dumps_each_dataloader_worker(tmp_path: Path) -> None:
     next(it)
     workers = sorted(w.pid for w in it._workers)
     assert set(workers) <= set(child_pids(os.getpid()))
-    dump = pyspy_dump(os.getpid())
+    dump = pyspy_text(*pyspy_dumps(os.getpid()))  # as the window makes its pyspy
     for pid in workers:
         assert f"Process {pid}:" in dump or f"pid {pid}: py-spy could not attach" in dump
     if os.geteuid() == 0:
