@@ -148,6 +148,26 @@ def test_a_window_with_long_names_still_fits_its_point_and_reads_back() -> None:
     assert record.pyspy is not None and record.pyspy.startswith("why none")
 
 
+def test_the_report_says_none_only_where_py_spy_took_no_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a ``pyspy_path`` the window's ``pyspy`` is why there is no dump, or the dump itself where
+    its file could not be written: only the first is labelled "none"."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda *a, **k: None)
+    problems = pyspy_dumps(os.getpid())
+    dumps = (['Process 12: python train.py\nThread 12 (idle): "MainThread"'], ["pid 13: py-spy dump failed: x"])
+
+    def label(pyspy: str) -> str:
+        profile = Profile("data_loading", "e", 0, "/traces/t.pt.trace.json.gz", [7, 8, 9])
+        profile.pyspy = pyspy
+        record = ProfileRecord.from_json(json.loads(profile.point_json()))
+        assert record is not None
+        return dict(record.parts())["py-spy dump"]
+
+    assert problems[0] == [] and label(pyspy_text(*problems)) == f"none: {pyspy_text(*problems)}"
+    assert label(pyspy_text(*dumps)) == f"not saved to a file: {pyspy_text(*dumps)}"
+
+
 def test_holistic_trace_analysis_reads_the_trace_and_finds_its_iterations(tmp_path: Path) -> None:
     from hta.trace_analysis import TraceAnalysis
 
