@@ -118,14 +118,16 @@ def test_gpulse_report_shows_each_window_in_its_text_and_html(tmp_path: Path, cl
     text = done.stdout
     assert "PROFILER WINDOWS: 1" in text and "[data_loading] rank 0" in text
     for label, value in shown:
-        assert f"    {label}: {value}" in text or f"    {label}: {value};" in text, (label, value, text)
+        assert f"    {label}: {value}" in text, (label, value, text)
     page = (out / "metrics_report.html").read_text()
     assert "<h2>Profiler windows</h2>" in page
     for label, value in shown:
         assert f"<td>{escape(label)}</td>" in page and escape(value) in page, (label, value)
     # the report's JSON lists it as the run's own metrics_report.json does (the dump stays in its file)
     [again] = json.loads((out / "metrics_report.json").read_text())["profiles"]
-    assert again == {**profile, "pyspy": profile["pyspy"] if profile["pyspy_path"] is None else None}
+    assert again == profile
+    if profile["pyspy_path"] is not None:
+        assert profile["pyspy"] is None
 
 
 def test_a_window_with_long_names_still_fits_its_point_and_reads_back() -> None:
