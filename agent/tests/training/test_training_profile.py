@@ -28,7 +28,8 @@ from gpulse.training.profiling import (
     Profile,
     ProfileWindow,
     child_pids,
-    pyspy_dump,
+    pyspy_dumps,
+    pyspy_text,
 )
 from gpulse.training.step import StepRecorder
 from gpulse.training.trace_summary import load_trace, summarise
@@ -117,14 +118,16 @@ def test_gpulse_report_shows_each_window_in_its_text_and_html(tmp_path: Path, cl
     text = done.stdout
     assert "PROFILER WINDOWS: 1" in text and "[data_loading] rank 0" in text
     for label, value in shown:
-        assert f"    {label}: {value}" in text or f"    {label}: {value};" in text, (label, value, text)
+        assert f"    {label}: {value}" in text, (label, value, text)
     page = (out / "metrics_report.html").read_text()
     assert "<h2>Profiler windows</h2>" in page
     for label, value in shown:
         assert f"<td>{escape(label)}</td>" in page and escape(value) in page, (label, value)
     # the report's JSON lists it as the run's own metrics_report.json does (the dump stays in its file)
     [again] = json.loads((out / "metrics_report.json").read_text())["profiles"]
-    assert again == {**profile, "pyspy": profile["pyspy"] if profile["pyspy_path"] is None else None}
+    assert again == profile
+    if profile["pyspy_path"] is not None:
+        assert profile["pyspy"] is None
 
 
 def test_a_window_with_long_names_still_fits_its_point_and_reads_back() -> None:
@@ -145,6 +148,26 @@ def test_a_window_with_long_names_still_fits_its_point_and_reads_back() -> None:
     assert (record.rule, record.rank, record.steps, record.path) == ("data_loading", 3, [7, 8, 9], profile.path)
     assert 1 <= len(record.summary.top_ops) <= 5 and record.summary.top_ops[0].name.startswith("k0xxx")
     assert record.pyspy is not None and record.pyspy.startswith("why none")
+
+
+def test_the_report_says_none_only_where_py_spy_took_no_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a ``pyspy_path`` the window's ``pyspy`` is why there is no dump, or the dump itself where
+    its file could not be written: only the first is labelled "none"."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda *a, **k: None)
+    problems = pyspy_dumps(os.getpid())
+    dumps = (['Process 12: python train.py\nThread 12 (idle): "MainThread"'], ["pid 13: py-spy dump failed: x"])
+
+    def label(pyspy: str) -> str:
+        profile = Profile("data_loading", "e", 0, "/traces/t.pt.trace.json.gz", [7, 8, 9])
+        profile.pyspy = pyspy
+        record = ProfileRecord.from_json(json.loads(profile.point_json()))
+        assert record is not None
+        return dict(record.parts())["py-spy dump"]
+
+    assert problems[0] == [] and label(pyspy_text(*problems)) == f"none: {pyspy_text(*problems)}"
+    assert label(pyspy_text(*dumps)) == f"not saved to a file: {pyspy_text(*dumps)}"
 
 
 def test_holistic_trace_analysis_reads_the_trace_and_finds_its_iterations(tmp_path: Path) -> None:
@@ -237,7 +260,7 @@ def test_py_spy_dumps_each_dataloader_worker(tmp_path: Path) -> None:
     next(it)
     workers = sorted(w.pid for w in it._workers)
     assert set(workers) <= set(child_pids(os.getpid()))
-    dump = pyspy_dump(os.getpid())
+    dump = pyspy_text(*pyspy_dumps(os.getpid()))  # as the window makes its pyspy
     for pid in workers:
         assert f"Process {pid}:" in dump or f"pid {pid}: py-spy could not attach" in dump
     if os.geteuid() == 0:

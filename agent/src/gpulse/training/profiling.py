@@ -145,8 +145,6 @@ class ProfileWindow:
         self.per_rule_s = per_rule_s
         self.mark = mark
         self.clock = clock
-        #: finished windows, in order (``metrics_report.json``'s ``profiles``)
-        self.profiles: list[Profile] = []
         #: called with each finished :class:`Profile`, on the thread that read it back
         self.on_profile: list[Callable[[Profile], None]] = []
         self._lock = threading.Lock()
@@ -271,10 +269,9 @@ class ProfileWindow:
             self.guard.report("profile_summary", exc)
         if profile.rule in DATA_LOADING_RULES:
             dumps, problems = pyspy_dumps(os.getpid())
-            profile.pyspy = "\n\n".join(dumps + problems)
+            profile.pyspy = pyspy_text(dumps, problems)
             if dumps:
                 profile.pyspy_path = _save_dump(profile.path, profile.pyspy, self.guard)
-        self.profiles.append(profile)
         try:
             if self.mark is not None:
                 self.mark(profile.text(), profile.point_json())
@@ -302,17 +299,10 @@ class ProfileWindow:
             reader.join(timeout)
 
 
-def pyspy_dump(pid: int) -> str:
-    """One ``py-spy dump`` of each DataLoader worker of ``pid`` (its child processes; ``pid`` itself
-    when it has none: with ``num_workers=0`` the loading runs there), or why there is none and what
-    would allow it."""
-    dumps, problems = pyspy_dumps(pid)
-    return "\n\n".join(dumps + problems)
-
-
 def pyspy_dumps(pid: int) -> tuple[list[str], list[str]]:
-    """:func:`pyspy_dump`'s parts: the dumps taken, and for each process without one, why and what
-    would allow it."""
+    """One ``py-spy dump`` of each DataLoader worker of ``pid`` (its child processes; ``pid`` itself
+    when it has none: with ``num_workers=0`` the loading runs there): the dumps taken, and for each
+    process without one, why and what would allow it."""
     import shutil
     import subprocess
 
@@ -335,6 +325,11 @@ def pyspy_dumps(pid: int) -> tuple[list[str], list[str]]:
             why = (done.stderr or done.stdout).strip().splitlines()
             problems.append(f"pid {p}: py-spy could not attach ({why[-1] if why else done.returncode}); to allow it, {PTRACE_ADVICE}")  # fmt: skip
     return dumps, problems
+
+
+def pyspy_text(dumps: list[str], problems: list[str]) -> str:
+    """:func:`pyspy_dumps`'s parts as one text (a window's ``pyspy``): the dumps, then the problems."""
+    return "\n\n".join(dumps + problems)
 
 
 def _save_dump(trace: str, text: str, guard: Guard) -> str | None:

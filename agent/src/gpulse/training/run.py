@@ -262,17 +262,18 @@ class Run:
     # -- the cold path ------------------------------------------------------------------------------
     def mark(self, kind: str, text: str = "", step: int | None = None) -> None:
         """A run event (eval, checkpoint, oom, ...) as a ``train_event`` point (Grafana annotation)."""
-        try:
-            fields = {"kind": str(kind)[:64], "text": str(text)[:MAX_TEXT], "step": self.steps.step_no if step is None else step}  # fmt: skip
-            self.steps.add_point(Point("train_event", time.time_ns(), self.tags, fields))
-        except Exception as exc:
-            self.guard.report("mark", exc)
+        self._train_event(kind, text, step)
 
     def _mark_profile(self, text: str, profile: str) -> None:
         """A finished profiler window as a ``train_event`` of kind ``profile``: its annotation text, and
         the window as JSON for the report (``profiles``)."""
+        self._train_event("profile", text, None, profile=profile)
+
+    def _train_event(self, kind: object, text: object, step: int | None, **extra: str) -> None:
+        """The one way a ``train_event`` point is made, so that a mark never raises into the script:
+        a failure is counted under ``mark``."""
         try:
-            fields = {"kind": "profile", "text": text[:MAX_TEXT], "step": self.steps.step_no, "profile": profile}
+            fields = {"kind": str(kind)[:64], "text": str(text)[:MAX_TEXT], "step": self.steps.step_no if step is None else step, **extra}  # fmt: skip
             self.steps.add_point(Point("train_event", time.time_ns(), self.tags, fields))
         except Exception as exc:
             self.guard.report("mark", exc)
