@@ -29,6 +29,7 @@ from gpulse.training.profiling import (
     ProfileWindow,
     child_pids,
     pyspy_dumps,
+    pyspy_note,
     pyspy_text,
 )
 from gpulse.training.step import StepRecorder
@@ -105,7 +106,7 @@ def test_gpulse_report_shows_each_window_in_its_text_and_html(tmp_path: Path, cl
     assert done.returncode == 0, done.stderr
     s, first, last = profile["summary"], profile["steps"][0], profile["steps"][-1]
     top = s["top_ops"][0]
-    dump = profile["pyspy_path"] or f"none: {profile['pyspy']}"
+    dump = profile["pyspy_path"] or profile["pyspy"]
     shown = [
         ("asked for by", "data_loading: data wait 40% of step time"),
         ("steps", f"{first}-{last} (3 steps), {s['window_ms']:.1f} ms in all"),
@@ -159,15 +160,17 @@ def test_the_report_says_none_only_where_py_spy_took_no_dump(monkeypatch: pytest
     problems = pyspy_dumps(os.getpid())
     dumps = (['Process 12: python train.py\nThread 12 (idle): "MainThread"'], ["pid 13: py-spy dump failed: x"])
 
-    def label(pyspy: str) -> str:
+    def label(dumps: list[str], problems: list[str]) -> str:
+        """What the reports show for a window whose dump's file could not be written (no ``pyspy_path``)."""
         profile = Profile("data_loading", "e", 0, "/traces/t.pt.trace.json.gz", [7, 8, 9])
-        profile.pyspy = pyspy
+        profile.pyspy = pyspy_note(dumps, problems, saved=False)
         record = ProfileRecord.from_json(json.loads(profile.point_json()))
         assert record is not None
         return dict(record.parts())["py-spy dump"]
 
-    assert problems[0] == [] and label(pyspy_text(*problems)) == f"none: {pyspy_text(*problems)}"
-    assert label(pyspy_text(*dumps)) == f"not saved to a file: {pyspy_text(*dumps)}"
+    assert problems[0] == [] and label(*problems) == f"none: {pyspy_text(*problems)}"
+    assert label(*dumps) == f"not saved to a file: {pyspy_text(*dumps)}"
+    assert pyspy_note(*dumps, saved=True) == pyspy_text(*dumps)  # the point carries its path instead
 
 
 def test_holistic_trace_analysis_reads_the_trace_and_finds_its_iterations(tmp_path: Path) -> None:

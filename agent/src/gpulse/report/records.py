@@ -13,7 +13,6 @@ and add its name to ``ADDED_KEYS`` in the JSON test (which otherwise guards seed
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,8 +190,8 @@ class ProfileRecord:
     steps: list[int]
     #: ``None`` where the trace could not be read back (``error`` says why)
     summary: ProfileSummary | None
-    #: ``None`` where the dump is in ``pyspy_path`` or the rule asks for none; else why there is no dump
-    #: (or, where its file could not be written, the dump itself, cut to what a point holds)
+    #: ``None`` where the dump is in ``pyspy_path`` or the rule asks for none; else what the window says of it
+    #: (``gpulse.training.profiling.pyspy_note``: why none was taken, or the dump its file could not take)
     pyspy: str | None
     #: the file the py-spy dump was saved to, beside the trace
     pyspy_path: str | None
@@ -248,19 +247,12 @@ class ProfileRecord:
             ]
         if self.pyspy_path:
             out.append(("py-spy dump", self.pyspy_path))
-        elif self.pyspy is not None and _PYSPY_PROBLEM.match(self.pyspy):
-            out.append(("py-spy dump", f"none: {self.pyspy}"))
-        elif self.pyspy is not None:  # taken, but its file could not be written
-            out.append(("py-spy dump", f"not saved to a file: {self.pyspy}"))
+        elif self.pyspy is not None:  # why none, or the dump its file could not take (it says which)
+            out.append(("py-spy dump", self.pyspy))
         else:
             out.append(("py-spy dump", f"none: the {self.rule} rule asks for none (only data loading's does)"))
         out.append(("trace", self.path))
         return out
-
-
-#: How each problem ``gpulse.training.profiling.pyspy_dumps`` reports begins; the dumps come first in a
-#: window's ``pyspy``, so a text that begins so holds none.
-_PYSPY_PROBLEM = re.compile(r"py-spy is not installed|pid \d+: py-spy ")
 
 
 def _opt_str(v: Any) -> str | None:

@@ -75,7 +75,7 @@ class Profile:
         #: the run's step numbers the window recorded
         self.steps = steps
         self.summary: Any = None  # a TraceSummary once read back
-        #: the py-spy dump, or why there is none (``None`` where the rule does not ask for one)
+        #: the py-spy dump, or why there is none (:func:`pyspy_note`; ``None`` where the rule does not ask for one)
         self.pyspy: str | None = None
         #: the file the dump was saved to, beside the trace (``None``: no dump)
         self.pyspy_path: str | None = None
@@ -269,9 +269,9 @@ class ProfileWindow:
             self.guard.report("profile_summary", exc)
         if profile.rule in DATA_LOADING_RULES:
             dumps, problems = pyspy_dumps(os.getpid())
-            profile.pyspy = pyspy_text(dumps, problems)
             if dumps:
-                profile.pyspy_path = _save_dump(profile.path, profile.pyspy, self.guard)
+                profile.pyspy_path = _save_dump(profile.path, pyspy_text(dumps, problems), self.guard)
+            profile.pyspy = pyspy_note(dumps, problems, saved=profile.pyspy_path is not None)
         try:
             if self.mark is not None:
                 self.mark(profile.text(), profile.point_json())
@@ -330,6 +330,16 @@ def pyspy_dumps(pid: int) -> tuple[list[str], list[str]]:
 def pyspy_text(dumps: list[str], problems: list[str]) -> str:
     """:func:`pyspy_dumps`'s parts as one text (a window's ``pyspy``): the dumps, then the problems."""
     return "\n\n".join(dumps + problems)
+
+
+def pyspy_note(dumps: list[str], problems: list[str], *, saved: bool) -> str:
+    """A window's ``pyspy`` as the reports show it beside ``pyspy_path``: why no dump was taken ("none: ..."),
+    or the dump itself where its file could not be written; the whole text where it was saved (the point
+    then carries the path instead)."""
+    text = pyspy_text(dumps, problems)
+    if not dumps:
+        return f"none: {text}"
+    return text if saved else f"not saved to a file: {text}"
 
 
 def _save_dump(trace: str, text: str, guard: Guard) -> str | None:
