@@ -33,6 +33,8 @@ TIERS: tuple[Tier, ...] = (
     Tier("1h", "1h", "1m", "INF", every="1h", offset="5m", lookback="8h"),
 )
 TIER_BY_NAME = {t.name: t for t in TIERS}
+#: Every tier's name, the raw one first: one database (3.x), bucket (2.x) or retention policy (1.x) each.
+ALL_TIERS: tuple[str, ...] = (RAW, *(t.name for t in TIERS))
 
 
 def bucket_name(base: str, tier: str) -> str:

@@ -147,10 +147,10 @@ def _setup_fix(conn: Connection) -> str:
 def check_layout(ctx: Context) -> Result:
     """v1: the retention policies of the tiers, raw the default; v2: the tiers' buckets and the DBRP
     mappings Grafana's InfluxQL needs."""
-    from gpulse.influx.tiers import RAW, TIERS
+    from gpulse.influx.tiers import ALL_TIERS, RAW
 
     conn = ctx.conn
-    tiers = [RAW, *(t.name for t in TIERS)]
+    tiers = list(ALL_TIERS)
     fix = _setup_fix(conn)
     if conn.api == "v3":
         return database_v3.check_layout(ctx, fix)

@@ -71,7 +71,7 @@ def check_layout(ctx: Context, setup_fix: str) -> Result:
     from gpulse.influx.engine_plugin import database_name
     from gpulse.influx.setup.common import influx_duration
     from gpulse.influx.setup.v3 import INTERNAL_DB
-    from gpulse.influx.tiers import RAW, TIERS
+    from gpulse.influx.tiers import ALL_TIERS
 
     rows = _system(ctx, INTERNAL_DB, "databases", "layout")
     if isinstance(rows, Result):
@@ -79,7 +79,7 @@ def check_layout(ctx: Context, setup_fix: str) -> Result:
     have = {
         r.get("database_name"): int(r.get("retention_period_ns") or 0) // 10**9 for r in rows if not r.get("deleted")
     }
-    want = [database_name(ctx.conn.bucket, t) for t in (RAW, *(t.name for t in TIERS))]
+    want = [database_name(ctx.conn.bucket, t) for t in ALL_TIERS]
     missing = [n for n in want if n not in have]
     if missing:
         return fail(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from gpulse.influx.engine_plugin import database_name
 from gpulse.influx.setup.common import SetupError, SetupReport
 from gpulse.influx.setup.v2 import read_secret, write_secret
-from gpulse.influx.tiers import RAW, TIERS
+from gpulse.influx.tiers import ALL_TIERS
 
 if TYPE_CHECKING:
     from gpulse.influx.setup.v3 import AdminAPIv3
@@ -109,7 +109,7 @@ def _instant(value: Any, name: str) -> datetime | None:
 
 def wanted_tokens(bucket: str, node_file: str | None, grafana_file: str | None) -> list[WantedToken]:
     """The nodes' token (write on the raw database) and Grafana's (read on every tier), each where its flag says."""
-    tiers = tuple(database_name(bucket, t) for t in (RAW, *(t.name for t in TIERS)))
+    tiers = tuple(database_name(bucket, t) for t in ALL_TIERS)
     return [
         WantedToken(
             "nodes'", f"{bucket}-nodes", (Permission("db", (tiers[0],), ("write",)), PING),

@@ -25,7 +25,7 @@ from gpulse.influx.setup.common import (
     retentions,
     shard_group_seconds,
 )
-from gpulse.influx.tiers import RAW, TIERS
+from gpulse.influx.tiers import ALL_TIERS, RAW, TIERS
 
 _MANAGED_CQ = re.compile("gpulse_(" + "|".join(re.escape(t.name) for t in TIERS) + ")_")
 
@@ -69,7 +69,7 @@ def setup_v1(conn: Connection, *, raw_retention: str = "30d", minute_retention: 
         r["name"]: r
         for r in run_statement(ql, f"SHOW RETENTION POLICIES ON {quote_ident(db)}", "list retention policies")
     }
-    for rp in (RAW, *(t.name for t in TIERS)):
+    for rp in ALL_TIERS:
         duration, default = influx_duration(secs[rp]), rp == RAW
         spec = f"DURATION {duration} REPLICATION 1" + (" DEFAULT" if default else "")
         cur = have.get(rp)

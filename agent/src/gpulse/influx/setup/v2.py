@@ -35,7 +35,7 @@ from gpulse.influx.setup.common import (
     retentions,
     shard_group_seconds,
 )
-from gpulse.influx.tiers import RAW, TIERS, bucket_name, task_name
+from gpulse.influx.tiers import ALL_TIERS, RAW, TIERS, bucket_name, task_name
 
 log = logging.getLogger("gpulse.setup")
 
@@ -206,7 +206,7 @@ def ensure_buckets(
     conn: Connection, api: AdminAPI, org: Org, secs: dict[str, int], report: SetupReport
 ) -> dict[str, Bucket]:
     out = {}
-    for tier in (RAW, *(t.name for t in TIERS)):
+    for tier in ALL_TIERS:
         name, want = bucket_name(conn.bucket, tier), secs[tier]
         what = f"bucket {name} (retention {influx_duration(want)})"
         bucket = api.find_bucket(org, name)

@@ -37,7 +37,7 @@ from gpulse.influx.setup.tokens_v3 import (
     wanted_tokens,
 )
 from gpulse.influx.setup.v2 import QUERY_TIMEOUT_S, AdminAPI, read_secret, write_secret
-from gpulse.influx.tiers import RAW, TIERS
+from gpulse.influx.tiers import ALL_TIERS, TIERS
 
 PLUGIN_FILE = Path(engine_plugin.PLUGIN_PATH).name
 #: ``TriggerSettings`` (``influxdb3_catalog/src/log/versions/v4.rs``): a failed run is logged; the next
@@ -101,7 +101,7 @@ def ensure_databases(conn: Connection, api: AdminAPIv3, secs: dict[str, int], re
         for r in api.system(INTERNAL_DB, "databases")
         if not r.get("deleted")
     }
-    for tier in (RAW, *(t.name for t in TIERS)):
+    for tier in ALL_TIERS:
         name, want = database_name(conn.bucket, tier), secs[tier]
         what = f"database {name} (retention {influx_duration(want)})"
         body: dict[str, Any] = {"db": name}
