@@ -104,9 +104,6 @@ class Token:
     #: the permissions as given, ``type:names:actions`` each (what ``system.tokens`` lists)
     text: str = "*:*:*"
 
-    def is_admin(self) -> bool:
-        return self.grants == {Key(WILDCARD, WILDCARD): ADMIN_BITS}
-
     def expired(self, now_ms: int) -> bool:
         return self.expiry_ms is not None and self.expiry_ms <= now_ms
 

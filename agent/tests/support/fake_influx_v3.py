@@ -461,17 +461,19 @@ class FakeInfluxV3:
         if self.edition == "core":
             raise ValueError("InfluxDB 3 Core has only admin tokens; resource tokens are Enterprise only")
         with self._lock:
-            grants, text = authz.grants_from_specs(permissions, self._db_id)
-            name = name or f"token {len(self.tokens)}"
-            self.tokens[name] = authz.Token(
-                max(t.id for t in self.tokens.values()) + 1,
-                name,
-                authz.token_hash(token),
-                _now_ms(),
-                None,
-                grants,
-                text,
-            )
+            self._add_token(name or f"token {len(self.tokens)}", token, permissions, None)
+
+    def _add_token(self, name: str, token: str, specs: list[dict[str, Any]], expiry_secs: int | None) -> authz.Token:
+        """C ``create_token_with_permission``, under the lock: the permissions checked
+        (:class:`support.authz_v3.CannotParsePermission`), then the name (409), then the token kept."""
+        grants, text = authz.grants_from_specs(specs, self._db_id)
+        if name in self.tokens:
+            raise Refused(409, f"token name already exists, {name}")  # H Error::Catalog(TokenNameAlreadyExists)
+        now = _now_ms()
+        expiry = None if expiry_secs is None else now + expiry_secs * 1000
+        entry = authz.Token(max(t.id for t in self.tokens.values()) + 1, name, authz.token_hash(token), now, expiry, grants, text)  # fmt: skip
+        self.tokens[name] = entry
+        return entry
 
     def _db_id(self, name: str) -> int | None:
         """The id of a database that exists (``_internal`` is 0), else None (C ``db_name_to_id``)."""
@@ -929,18 +931,15 @@ class FakeInfluxV3:
         if secs is not None and (not isinstance(secs, int) or isinstance(secs, bool) or secs < 0):
             raise Refused(400, f"serde json error: expiry_secs: invalid value {secs!r}, expected u64")
         name = str(body["token_name"])
+        token = authz.new_token_string()
         with self._lock:
             try:
-                grants, text = authz.grants_from_specs(body["permissions"], self._db_id)
+                entry = self._add_token(name, token, body["permissions"], secs)
             except authz.CannotParsePermission as e:
                 raise Refused(500, str(e)) from None  # CatalogError into_response: the rest are 500
-            if name in self.tokens:
-                raise Refused(409, f"token name already exists, {name}")  # H Error::Catalog(TokenNameAlreadyExists)
-            token, now = authz.new_token_string(), _now_ms()
-            expiry = None if secs is None else now + secs * 1000
-            entry = authz.Token(max(t.id for t in self.tokens.values()) + 1, name, authz.token_hash(token), now, expiry, grants, text)  # fmt: skip
-            self.tokens[name] = entry
-        answer = {"id": entry.id, "name": name, "token": token, "hash": entry.hash.hex(), "created_at": _rfc3339(now),
+        expiry = entry.expiry_ms
+        answer = {"id": entry.id, "name": name, "token": token, "hash": entry.hash.hex(),
+                  "created_at": _rfc3339(entry.created_at_ms),
                   "expiry": None if expiry is None else _rfc3339(expiry)}  # fmt: skip
         return Answer(201, answer, {"Content-Type": "json"})  # sic, as H create_named_admin_token
 
