@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.fixtures import REPO
+from support.snapshots import show, snapshot
 
 COMPOSE = REPO / "docker-compose.yml"
 SECRETS = {"influxdb-admin-password", "influxdb-admin-token", "grafana-admin-password", "grafana-influx-token"}
@@ -284,7 +285,6 @@ def test_gen_secrets_writes_the_v3_admin_token_as_the_server_reads_it_and_never_
 # -- The image pins against tests/image-pins.toml (what was verified in the public record) ----------
 
 PINS_FILE = REPO / "tests" / "image-pins.toml"
-MIRRORS = Path("/work/.mirror")
 
 
 @pytest.fixture(scope="module")
@@ -332,13 +332,9 @@ def test_influxdb_3_runs_as_the_images_user_on_its_port_with_its_plugin_dir_and_
 
 
 def _library_file(commit: str) -> str:
-    repo = MIRRORS / "docker-library+official-images" / "repo"
-    if not repo.is_dir():
-        pytest.skip(f"no snapshot of docker-library/official-images at {repo} (the `fetch` tool brings one)")
-    r = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:library/influxdb"], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"official-images commit {commit} is not in the snapshot at {repo}")
-    return r.stdout
+    text = show(snapshot("docker-library/official-images", commit), commit, "library/influxdb")
+    assert text is not None, f"official-images {commit} has no library/influxdb"
+    return text
 
 
 @pytest.mark.parametrize("service", ["influxdb", "influxdb3"])

@@ -2,22 +2,20 @@
 
 The table is the closing list of issue 29 (each 3.x behaviour, its source, its test), so it must not rot:
 a renamed or deleted test fails here, and so does a source file or name that is not in the server's
-repository at the cited commit (checked where a snapshot of ``influxdata/influxdb`` is at hand; the
-``fetch`` tool brings one to /work/.mirror).
+repository at the cited commit (checked where a snapshot of ``influxdata/influxdb`` is at hand:
+``support.snapshots``).
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from support.fixtures import REPO
+from support.snapshots import show, snapshot
 
 DOC = REPO / "docs" / "influxdb3.md"
-SERVER_REPO = Path("/work/.mirror/influxdata+influxdb/repo")
 COMMIT = "d7834110b3680ba8e53d16333d158b18b8847bc7"
 TEST_REF = re.compile(r"`((?:agent/)?tests/[\w/.-]+\.py)::(\w+)`")
 #: a source file of the server's repository, then the names to find in it, up to the next file or ";"
@@ -88,19 +86,13 @@ def test_the_sources_are_read_with_their_own_names():
 
 
 def test_every_cited_source_file_holds_the_names_cited_at_the_commit():
-    if not (SERVER_REPO / "HEAD").exists():
-        pytest.skip(f"no snapshot of influxdata/influxdb at {SERVER_REPO}")
-    if subprocess.run(["git", "-C", str(SERVER_REPO), "cat-file", "-e", COMMIT], capture_output=True).returncode:
-        pytest.skip(f"commit {COMMIT} is not in the snapshot at {SERVER_REPO}")
+    server = snapshot("influxdata/influxdb", COMMIT)
     wrong = []
     texts: dict[str, str] = {}
     for r in rows():
         for path, names in _sources(r.source):
             if path not in texts:
-                show = subprocess.run(
-                    ["git", "-C", str(SERVER_REPO), "show", f"{COMMIT}:{path}"], capture_output=True, text=True
-                )
-                texts[path] = show.stdout if show.returncode == 0 else ""
+                texts[path] = show(server, COMMIT, path) or ""
             if not texts[path]:
                 wrong.append(f"row {r.number}: no file {path}")
             for name in names:
