@@ -4,7 +4,7 @@ slurmd starts a Prolog or Epilog with an environment of its own making, not its 
 (``src/plugins/prep/script/prep_script_slurmd.c``, ``_build_env``: ``env_array_create()``, then
 ``setenvf`` of each variable), so the scripts run here under ``env -i`` with only:
 
-* ``SLURM_JOB_ID``, ``SLURM_JOB_UID``, ``SLURM_JOB_USER`` (``cred_arg->id->pw_name``),
+* ``SLURM_JOB_ID`` and its older name ``SLURM_JOBID``, ``SLURM_JOB_UID``, ``SLURM_JOB_USER`` (``cred_arg->id->pw_name``),
   ``SLURM_JOB_ACCOUNT`` and ``SLURM_JOB_PARTITION`` (from the job's credential),
   ``SLURM_SCRIPT_CONTEXT`` (``prolog_slurmd`` / ``epilog_slurmd``): ``_build_env``;
 * ``SLURM_JOB_GPUS`` (Slurm's GPU indices, comma-separated) and ``CUDA_VISIBLE_DEVICES`` (the same
