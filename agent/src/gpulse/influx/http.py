@@ -209,6 +209,11 @@ def parse_url(url: str) -> Target:
     return Target(u.scheme, u.hostname, port, u.path.rstrip("/"))
 
 
+def with_query(path: str, params: Mapping[str, Any] | None) -> str:
+    """``path`` with ``params`` as its query string (a list value repeats its key), as every request sends it."""
+    return f"{path}?{urllib.parse.urlencode(params, doseq=True)}" if params else path
+
+
 class HttpClient:
     """One keep-alive connection to one server; every request bounded by a total deadline."""
 
@@ -314,8 +319,7 @@ class HttpClient:
             payload = gzip_body(payload)
             sent_headers["Content-Encoding"] = "gzip"
         sent_headers.update(headers or {})
-        query = "?" + urllib.parse.urlencode(params, doseq=True) if params else ""
-        url = self.target.prefix + path + query
+        url = self.target.prefix + with_query(path, params)
         with self._lock:
             return self._exchange(method, url, payload, sent_headers, timeout, cap)
 

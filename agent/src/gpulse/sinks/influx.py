@@ -11,11 +11,10 @@ a request in flight (an agent's SIGTERM must not wait for a stalled server).
 from __future__ import annotations
 
 import logging
-import urllib.parse
 from collections.abc import Mapping, Sequence
 
 from gpulse.influx.connection import Connection
-from gpulse.influx.http import Failure, TransportError
+from gpulse.influx.http import Failure, TransportError, with_query
 from gpulse.influx.server import Explainer
 from gpulse.sinks.base import Sink, encode_body
 from gpulse.sinks.errors import ErrorKind, WriteError, classify_http
@@ -54,8 +53,7 @@ class InfluxSink(Sink):
         self.conn = conn
         self.url = conn.url or ""
         self.params = dict(params)
-        # the write's path and query, encoded once (as HttpClient.request encodes ``params``)
-        self._write_target = f"{self.path}?{urllib.parse.urlencode(self.params, doseq=True)}" if params else self.path
+        self._write_target = with_query(self.path, self.params)  # encoded once, as each request would
         self.http = conn.http_client()
         self.explainer = Explainer(conn)
         self._log = CountedLog(log)
